@@ -1,0 +1,1 @@
+"""TIDE service and CLI: thin layers over `extension` (the ML core) and `worker` (Celery)."""

@@ -1,0 +1,40 @@
+"""`tide` command line: extend, mine, serve, worker, keys.
+
+Each subcommand lives in its own small module that registers its parser and imports its heavy
+dependencies (torch, FastAPI, Celery) only when it runs, so `tide --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from extension.errors import TideError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import cli_extend, cli_mine, cli_service
+
+    parser = argparse.ArgumentParser(prog="tide", description="Extend a language model's vocabulary with domain terms.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in (cli_extend, cli_mine, cli_service):
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except TideError as exc:
+        where = f" ({exc.param})" if exc.param else ""
+        print(f"tide: error{where}: {exc.message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tide: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

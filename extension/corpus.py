@@ -1,0 +1,133 @@
+"""Read a domain corpus as documents, streamed, and split it into train / held-out by hash.
+
+One function set used by mining, training and evaluation alike, so no held-out document is
+ever seen by mining or training. A document is a block of text between blank lines (plain
+text) or one record (JSONL). About `HELD_OUT_FRACTION` of documents, chosen by a hash of their
+text, are held out: the split is stable across runs, machines and corpus order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .errors import InvalidCorpusError
+
+HELD_OUT_FRACTION = 0.05
+_CHUNK = 1 << 16
+
+
+@dataclass(frozen=True)
+class CorpusFormat:
+    jsonl: bool
+    text_field: str = "text"
+
+
+def detect_format(path: Path, text_field: str = "text") -> CorpusFormat:
+    return CorpusFormat(jsonl=path.suffix.lower() in {".jsonl", ".ndjson"}, text_field=text_field)
+
+
+def _check_text(line: bytes, offset: int, path: Path) -> str:
+    if b"\x00" in line:
+        raise InvalidCorpusError(
+            f"corpus {path.name} looks binary: NUL byte at byte offset {offset + line.index(0)}; "
+            "upload UTF-8 text or JSONL",
+            param="corpus",
+        )
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidCorpusError(
+            f"corpus {path.name} is not UTF-8: invalid byte at byte offset {offset + exc.start}; "
+            "re-encode it as UTF-8 (e.g. iconv -t UTF-8)",
+            param="corpus",
+        ) from None
+
+
+def _lines(path: Path) -> Iterator[tuple[int, int, str]]:
+    """(line number from 1, byte offset, decoded line) — streamed, never the whole file."""
+    offset = 0
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            yield number, offset, _check_text(raw, offset, path)
+            offset += len(raw)
+
+
+def iter_documents(path: Path, *, text_field: str = "text", fmt: CorpusFormat | None = None) -> Iterator[str]:
+    """Every non-empty document of the corpus, in file order. Raises InvalidCorpusError."""
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidCorpusError(f"corpus file {str(path)!r} does not exist", param="corpus")
+    fmt = fmt or detect_format(path, text_field)
+    if fmt.jsonl:
+        for number, _offset, line in _lines(path):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InvalidCorpusError(
+                    f"corpus {path.name} line {number} is not valid JSON ({exc.msg}); each line of a "
+                    "JSONL corpus must be one JSON object",
+                    param="corpus",
+                ) from None
+            if not isinstance(record, dict) or not isinstance(record.get(fmt.text_field), str):
+                raise InvalidCorpusError(
+                    f"corpus {path.name} line {number} has no string field {fmt.text_field!r}; give each "
+                    "record that field or choose the field name with the text-field option",
+                    param="corpus",
+                )
+            if record[fmt.text_field].strip():
+                yield record[fmt.text_field]
+        return
+    block: list[str] = []
+    for _number, _offset, line in _lines(path):
+        if line.strip():
+            block.append(line)
+        elif block:
+            yield "".join(block).rstrip("\n")
+            block = []
+    if block:
+        yield "".join(block).rstrip("\n")
+
+
+def iter_texts(texts: list[str]) -> Iterator[str]:
+    """Inline text (e.g. a small corpus_text in a request) split into documents the same way."""
+    for text in texts:
+        for block in text.replace("\r\n", "\n").split("\n\n"):
+            if block.strip():
+                yield block.strip("\n")
+
+
+def is_held_out(document: str, fraction: float = HELD_OUT_FRACTION) -> bool:
+    digest = hashlib.sha256(document.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") < fraction * 2**64
+
+
+def train_documents(path: Path, **kwargs) -> Iterator[str]:
+    return (doc for doc in iter_documents(path, **kwargs) if not is_held_out(doc))
+
+
+def held_out_documents(path: Path, **kwargs) -> Iterator[str]:
+    return (doc for doc in iter_documents(path, **kwargs) if is_held_out(doc))
+
+
+def check_corpus(path: Path, **kwargs) -> tuple[int, int]:
+    """Validate the whole file once up front (so a job fails fast, not mid-training).
+
+    Returns (documents, bytes). An empty corpus is an error.
+    """
+    count = size = 0
+    for doc in iter_documents(path, **kwargs):
+        count += 1
+        size += len(doc.encode("utf-8"))
+    if count == 0:
+        raise InvalidCorpusError(
+            f"corpus {Path(path).name} is empty (no non-blank text); give a UTF-8 text file with "
+            "documents separated by blank lines, or JSONL with a text field",
+            param="corpus",
+        )
+    return count, size

