@@ -1,0 +1,156 @@
+"""Write the extended checkpoint, atomically.
+
+Everything is written into a hidden staging folder beside the target and renamed into place at
+the end, so a reader (a download, a user's script) never sees a half-written model. The folder:
+
+    model.safetensors, config.json, generation_config.json   the merged model (base dtype)
+    tokenizer.json, tokenizer_config.json, chat_template...   the extended tokenizer
+    adapter/                                                   PEFT Trainable Tokens adapter
+    tide_extension.json                                        what was added and how
+    metrics.json, README.md, loss_curve.png                    the evidence
+    manifest.json                                              size + sha256 of every file
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import OutputExistsError
+
+MANIFEST = "manifest.json"
+
+
+def check_output_dir(out_dir: Path, *, force: bool) -> None:
+    """Refuse an existing target before any work is done (the CLI's --force overrides)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not force:
+        raise OutputExistsError(
+            f"output folder {str(out_dir)!r} already exists; choose another --out or pass --force "
+            "to replace it",
+            param="out",
+        )
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputExistsError(f"--out {str(out_dir)!r} is a file, not a folder", param="out")
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def build_manifest(folder: Path) -> list[dict[str, Any]]:
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+    return [
+        {"path": p.relative_to(folder).as_posix(), "size": p.stat().st_size, "sha256": sha256_file(p)}
+        for p in files
+    ]
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+
+
+def save_adapter(model, folder: Path, token_ids: list[int], target_module: str) -> None:
+    """A PEFT Trainable Tokens adapter holding every row past the base vocab (new + padding).
+
+    Written with PEFT itself so it loads with `PeftModel.from_pretrained` on the base model
+    resized to the new vocab size; PEFT stores both sides for tied models.
+    """
+    from peft import TrainableTokensConfig, get_peft_model
+
+    peft_model = get_peft_model(model, TrainableTokensConfig(token_indices=token_ids, target_modules=[target_module]))
+    try:
+        peft_model.save_pretrained(folder)
+    finally:
+        peft_model.unload()
+
+
+def plot_loss_curve(history: list[dict], path: Path) -> bool:
+    if not history:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h["step"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 3.2), dpi=110)
+    ax.plot(steps, [h["loss"] for h in history], label="train loss")
+    evals = [h for h in history if "eval_loss" in h]
+    if evals:
+        ax.plot([h["step"] for h in evals], [h["eval_loss"] for h in evals], "o-", label="held-out loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("next-token loss (nats)")
+    ax.set_title("Training the new rows")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+def publish(
+    out_dir: Path,
+    *,
+    model,
+    tokenizer,
+    extension: dict,
+    metrics: dict,
+    model_card: str,
+    history: list[dict] | None = None,
+    adapter_token_ids: list[int] | None = None,
+    adapter_target_module: str = "embed_tokens",
+    extra_files: dict[str, Path] | None = None,
+    force: bool = False,
+) -> list[dict[str, Any]]:
+    """Write everything into a staging folder, then rename it to `out_dir`. Returns the manifest."""
+    out_dir = Path(out_dir)
+    check_output_dir(out_dir, force=force)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        write_json(staging / "tide_extension.json", extension)
+        write_json(staging / "metrics.json", metrics)
+        if plot_loss_curve(history or [], staging / "loss_curve.png"):
+            model_card += "\n## Loss curve\n\n![loss curve](loss_curve.png)\n"
+        (staging / "README.md").write_text(model_card, encoding="utf-8")
+        if adapter_token_ids:
+            save_adapter(model, staging / "adapter", adapter_token_ids, adapter_target_module)
+        for name, source in (extra_files or {}).items():
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+        manifest = build_manifest(staging)
+        write_json(staging / MANIFEST, {"files": manifest})
+        _replace_dir(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def _replace_dir(staging: Path, out_dir: Path) -> None:
+    if not out_dir.exists():
+        os.replace(staging, out_dir)
+        return
+    # --force: move the old folder aside first; a rename is the only step a reader can observe.
+    trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+    os.replace(out_dir, trash / "old")
+    try:
+        os.replace(staging, out_dir)
+    except OSError:
+        os.replace(trash / "old", out_dir)
+        raise
+    finally:
+        shutil.rmtree(trash, ignore_errors=True)
