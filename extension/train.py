@@ -1,0 +1,353 @@
+"""Train only the new rows: a small nanoGPT-style loop over a `RowsAdapter`.
+
+AdamW over the adapter's parameters (never the base), linear warmup then cosine decay to 10%,
+gradient clipping, and a seed that makes CPU runs bit-reproducible. Batches are a pure function
+of (seed, step), so a checkpoint only needs the rows, the optimizer state and the step: resuming
+from it gives exactly the rows an uninterrupted run gives.
+
+What a step trains on is an objective with `loss(adapter, step) -> (summed loss, count)`:
+`TokenWindows` (next-token loss on a token stream, for corpus jobs) lives here;
+`extension.distill` builds the terms-only objective.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Protocol
+
+import torch
+
+from .errors import InvalidCorpusError, InvalidOptionError, JobCancelled
+from .init import NewRows
+from .rows import RowsAdapter
+from .spec import Callbacks
+
+CHECKPOINT_NAME = "rows_checkpoint.pt"
+SAMPLING_MODES = ("centred", "sequential", "mixed")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100
+    batch_size: int = 4
+    seq_len: int = 128
+    lr: float = 1e-3
+    embedding_lr_multiplier: float = 5.0
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    grad_clip: float = 1.0
+    seed: int = 0
+    checkpoint_every: int = 50
+    betas: tuple[float, float] = (0.9, 0.95)
+    min_lr_ratio: float = 0.1
+
+    @classmethod
+    def from_spec(cls, spec) -> "TrainConfig":
+        names = {f for f in cls.__dataclass_fields__}
+        return cls(**{name: getattr(spec, name) for name in names if hasattr(spec, name)})
+
+    def validate(self, *, max_positions: int | None = None) -> "TrainConfig":
+        """Raise InvalidOptionError naming the flag and its valid range."""
+        def bad(param: str, flag: str, value, valid: str):
+            raise InvalidOptionError(f"{flag} is {value!r}; it must be {valid}", param=param)
+
+        if not isinstance(self.steps, int) or self.steps < 0:
+            bad("steps", "--steps", self.steps, "an integer >= 0 (0 = initialise the rows only)")
+        if not isinstance(self.batch_size, int) or not 1 <= self.batch_size <= 4096:
+            bad("batch_size", "--batch-size", self.batch_size, "an integer from 1 to 4096")
+        top = max_positions - 1 if max_positions else 1 << 20  # one position for the window's extra token
+        if not isinstance(self.seq_len, int) or not 2 <= self.seq_len <= top:
+            bad("seq_len", "--seq-len", self.seq_len, f"an integer from 2 to {top} (the model's context is {max_positions} positions)"
+                if max_positions else "an integer >= 2")
+        if not (self.lr > 0 and math.isfinite(self.lr)) or self.lr > 1:
+            bad("lr", "--lr", self.lr, "a number in (0, 1], e.g. 1e-3")
+        if not (self.embedding_lr_multiplier > 0 and math.isfinite(self.embedding_lr_multiplier)):
+            bad("embedding_lr_multiplier", "--embedding-lr-multiplier", self.embedding_lr_multiplier, "a positive number (default 5)")
+        if not 0 <= self.weight_decay <= 1:
+            bad("weight_decay", "--weight-decay", self.weight_decay, "a number from 0 to 1 (default 0)")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            bad("warmup_steps", "--warmup-steps", self.warmup_steps, "an integer >= 0")
+        if not self.grad_clip >= 0:
+            bad("grad_clip", "--grad-clip", self.grad_clip, "a number >= 0 (0 disables clipping)")
+        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
+            bad("checkpoint_every", "--checkpoint-every", self.checkpoint_every, "an integer >= 0 (0 = only at the end)")
+        return self
+
+    def lr_at(self, step: int) -> float:
+        """Base learning rate for 0-based `step`: linear warmup, then cosine down to min_lr_ratio."""
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        span = max(1, self.steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        floor = self.lr * self.min_lr_ratio
+        return floor + 0.5 * (1 + math.cos(math.pi * progress)) * (self.lr - floor)
+
+
+class Objective(Protocol):
+    def loss(self, adapter: RowsAdapter, step: int) -> tuple[torch.Tensor, int]:
+        """Summed loss of step `step`'s batch and how many targets it scored (a pure function
+        of the step, so resuming replays the same batches)."""
+
+
+@dataclass
+class TrainResult:
+    history: list[dict]
+    steps_done: int
+    rows: NewRows
+    resumed_from: int = 0
+    optimizer_state: dict | None = field(default=None, repr=False)  # for optimizer_state.py
+
+
+def _param_groups(adapter: RowsAdapter, config: TrainConfig) -> list[dict]:
+    # Input rows get sparse gradients (only where their token occurs): higher LR. Untied output
+    # rows see a gradient at every position, like any other dense weight: base LR.
+    groups = [{"params": [adapter.input_rows], "lr_scale": config.embedding_lr_multiplier, "name": "input_rows"}]
+    dense = [p for p in (adapter.output_rows, adapter.output_bias) if p is not None]
+    if dense:
+        groups.append({"params": dense, "lr_scale": 1.0, "name": "output_rows"})
+    for group in groups:
+        group["weight_decay"] = config.weight_decay
+    return groups
+
+
+def train_rows(
+    model,
+    adapter: RowsAdapter,
+    objective: Objective,
+    config: TrainConfig,
+    callbacks: Callbacks | None = None,
+) -> TrainResult:
+    """Train `adapter`'s rows for config.steps; resumes from callbacks.work_dir when it holds a
+    checkpoint of the same run. Raises JobCancelled (after checkpointing) when should_cancel()."""
+    if adapter.model is not model:
+        raise ValueError("the adapter is attached to a different model")
+    callbacks = callbacks or Callbacks()
+    config.validate()
+    torch.manual_seed(config.seed)
+    optimizer = torch.optim.AdamW(_param_groups(adapter, config), lr=config.lr, betas=config.betas, eps=1e-8)
+    checkpoint = Path(callbacks.work_dir) / CHECKPOINT_NAME if callbacks.work_dir else None
+    start, history = _resume(checkpoint, adapter, optimizer, config, callbacks)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    step = start
+    for step in range(start, config.steps):
+        if callbacks.should_cancel():
+            _save(checkpoint, adapter, optimizer, config, step, history)
+            raise JobCancelled(f"cancelled before training step {step + 1} of {config.steps}")
+        began = time.perf_counter()
+        lr = config.lr_at(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr * group["lr_scale"]
+        total, count = objective.loss(adapter, step)
+        loss = total / max(count, 1)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else float("inf"))
+        optimizer.step()
+        elapsed = time.perf_counter() - began
+        record = {
+            "step": step + 1,
+            "loss": float(loss.detach()),
+            "lr": lr,
+            "grad_norm": float(grad_norm),
+            "tokens": count,
+            "tokens_per_s": count / elapsed if elapsed > 0 else 0.0,
+        }
+        history.append(record)
+        callbacks.on_progress(step + 1, config.steps, {k: record[k] for k in ("loss", "tokens_per_s", "lr")})
+        if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
+            _save(checkpoint, adapter, optimizer, config, step + 1, history)
+    steps_done = max(start, config.steps)
+    _save(checkpoint, adapter, optimizer, config, steps_done, history)
+    return TrainResult(history=history, steps_done=steps_done, rows=adapter.rows(), resumed_from=start,
+                       optimizer_state=optimizer.state_dict())
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+def _run_key(adapter: RowsAdapter, config: TrainConfig) -> dict:
+    """What must match for a checkpoint to belong to this run (steps may grow on a re-run)."""
+    key = asdict(config)
+    for free in ("steps", "checkpoint_every"):
+        key.pop(free)
+    key["betas"] = list(key["betas"])
+    key["rows"] = [list(p.shape) for p in adapter.parameters()]
+    key["base_vocab_size"] = adapter.base_vocab_size
+    return key
+
+
+def _save(path: Path | None, adapter, optimizer, config: TrainConfig, step: int, history: list[dict]) -> None:
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {
+        "step": step,
+        "key": _run_key(adapter, config),
+        "params": [p.detach().cpu().clone() for p in adapter.parameters()],
+        "optimizer": optimizer.state_dict(),
+        "history": history,
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoint intact
+
+
+def _resume(path: Path | None, adapter, optimizer, config: TrainConfig, callbacks: Callbacks) -> tuple[int, list[dict]]:
+    if path is None or not path.exists():
+        return 0, []
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if state.get("key") != _run_key(adapter, config):
+        callbacks.on_warning(f"ignoring the checkpoint in {path.parent}: it belongs to a run with other settings")
+        return 0, []
+    with torch.no_grad():
+        for param, saved in zip(adapter.parameters(), state["params"]):
+            param.copy_(saved)
+    optimizer.load_state_dict(state["optimizer"])
+    callbacks.on_event("train_resumed", {"step": state["step"], "checkpoint": str(path)})
+    return state["step"], list(state["history"])
+
+
+# -- corpus data ------------------------------------------------------------------------------
+def tokenize_documents(documents: Iterable[str], tokenizer, *, max_tokens: int, batch_docs: int = 256) -> torch.Tensor:
+    """One token stream (int64) of the documents, each separated by EOS, up to max_tokens."""
+    eos = tokenizer.eos_token_id
+    pieces: list[torch.Tensor] = []
+    have = 0
+    batch: list[str] = []
+
+    def flush() -> None:
+        nonlocal have
+        for ids in tokenizer(batch, add_special_tokens=False)["input_ids"]:
+            row = ids + ([eos] if eos is not None else [])
+            pieces.append(torch.tensor(row, dtype=torch.long))
+            have += len(row)
+        batch.clear()
+
+    for document in documents:
+        batch.append(document)
+        if len(batch) >= batch_docs:
+            flush()
+            if have >= max_tokens:
+                break
+    if batch and have < max_tokens:
+        flush()
+    stream = torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
+    return stream[:max_tokens]
+
+
+def window_prefix(tokenizer) -> list[int]:
+    """[BOS] when the tokenizer starts every text with it (Gemma depends on it), else []."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return []
+    probe = tokenizer("a")["input_ids"]
+    return [bos] if probe and probe[0] == bos else []
+
+
+class TokenWindows:
+    """Next-token loss on windows of a token stream.
+
+    sampling="sequential": consecutive windows in stream order (wrapping around).
+    sampling="centred": each window is centred (with jitter) on an occurrence of a new id, so
+    every window trains the new rows on both sides: predicting the token and reading it.
+    sampling="mixed": half of each batch centred, half sequential — general text keeps teaching
+    the output rows where the new tokens should NOT be predicted.
+    """
+
+    def __init__(self, tokens: torch.Tensor, *, base_vocab_size: int, batch_size: int, seq_len: int,
+                 seed: int = 0, sampling: str = "mixed", prefix: list[int] | None = None):
+        if sampling not in SAMPLING_MODES:
+            raise InvalidOptionError(f"window sampling {sampling!r} is not one of {', '.join(SAMPLING_MODES)}", param="sampling")
+        self.prefix = torch.tensor(prefix or [], dtype=torch.long)
+        self.body = seq_len + 1 - len(self.prefix)  # tokens taken from the stream per window
+        needed = batch_size * self.body
+        if tokens.numel() < needed:
+            raise InvalidCorpusError(
+                f"the training part of the corpus has {tokens.numel()} tokens, too few for one batch of "
+                f"--batch-size {batch_size} x --seq-len {seq_len} (needs {needed}); give a larger corpus "
+                "or lower --batch-size / --seq-len",
+                param="corpus",
+            )
+        self.tokens = tokens
+        self.batch_size, self.seq_len, self.seed = batch_size, seq_len, seed
+        self.occurrences = torch.nonzero(tokens >= base_vocab_size).flatten()
+        self.sampling = sampling if len(self.occurrences) else "sequential"
+        self.windows = (tokens.numel() - 1) // self.body  # sequential windows per pass
+        self._cached_order: tuple[int, torch.Tensor | None] = (-1, None)
+
+    def _generator(self, index: int, stream: int) -> torch.Generator:
+        g = torch.Generator()
+        g.manual_seed((self.seed * 1_000_003 + index) * 8 + stream)
+        return g
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        if self._cached_order[0] != epoch:  # a new shuffle of the occurrences per pass
+            self._cached_order = (epoch, torch.randperm(len(self.occurrences), generator=self._generator(epoch, 2)))
+        return self._cached_order[1]
+
+    def _sequential_starts(self, step: int, count: int, offset: int = 0) -> list[int]:
+        first = step * count + offset
+        return [((first + i) % self.windows) * self.body for i in range(count)]
+
+    def _centred_starts(self, step: int, count: int) -> list[int]:
+        occ = len(self.occurrences)
+        starts = []
+        jitter = torch.randint(-(self.body // 4), self.body // 4 + 1, (count,), generator=self._generator(step, 1))
+        for i in range(count):
+            index = step * count + i
+            epoch, slot = divmod(index, occ)
+            centre = int(self.occurrences[self._order(epoch)[slot]])
+            start = centre - self.body // 2 + int(jitter[i])
+            starts.append(min(max(start, 0), self.tokens.numel() - self.body))
+        return starts
+
+    def starts(self, step: int) -> list[int]:
+        if self.sampling == "sequential":
+            return self._sequential_starts(step, self.batch_size)
+        if self.sampling == "centred":
+            return self._centred_starts(step, self.batch_size)
+        centred = self.batch_size // 2 or 1
+        return self._centred_starts(step, centred) + self._sequential_starts(step, self.batch_size - centred)
+
+    def batch(self, step: int) -> torch.Tensor:
+        """[batch, seq_len + 1] token ids; inputs are [:, :-1], targets [:, 1:]."""
+        rows = [torch.cat([self.prefix, self.tokens[s : s + self.body]]) for s in self.starts(step)]
+        return torch.stack(rows)
+
+    def loss(self, adapter: RowsAdapter, step: int) -> tuple[torch.Tensor, int]:
+        window = self.batch(step).to(adapter.input_rows.device)
+        hidden = adapter.hidden(window[:, :-1])
+        return adapter.loss_sum(hidden, window[:, 1:])
+
+
+def corpus_windows(corpus_path: Path, tokenizer, *, base_vocab_size: int, config: TrainConfig,
+                   sampling: str = "mixed", text_field: str = "text", max_tokens: int | None = None) -> TokenWindows:
+    """TokenWindows over the corpus's TRAIN documents (the split mining and evaluation share),
+    tokenised with the extended tokenizer. Reads only as much as the run can use."""
+    from .corpus import train_documents
+
+    budget = max_tokens or min(20_000_000, max(1_000_000, 4 * config.steps * config.batch_size * config.seq_len))
+    tokens = tokenize_documents(train_documents(Path(corpus_path), text_field=text_field), tokenizer, max_tokens=budget)
+    return TokenWindows(tokens, base_vocab_size=base_vocab_size, batch_size=config.batch_size,
+                        seq_len=config.seq_len, seed=config.seed, sampling=sampling, prefix=window_prefix(tokenizer))
+
+
+# -- devices ----------------------------------------------------------------------------------
+def training_model(model, device: str | torch.device | None = None):
+    """The model to attach the adapter to. CPU: the model itself. CUDA: a bf16 copy on the GPU
+    (the rows stay fp32 in the adapter); merge the trained rows into the ORIGINAL model with
+    `adapter.merge(into=model)` so the published old weights keep their dtype and bits."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu":
+        return model
+    return copy.deepcopy(model).to(device=device, dtype=torch.bfloat16)
+
+
+def max_positions(model) -> int | None:
+    config = getattr(model.config, "text_config", None) or model.config
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
