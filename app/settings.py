@@ -1,4 +1,8 @@
-"""The one settings object for API, worker and CLI (environment prefix TIDE_)."""
+"""The one settings object for API, worker and CLI (environment prefix TIDE_).
+
+Every part of the state lives under `TIDE_DATA_DIR` unless pointed elsewhere, so one volume
+holds a whole deployment. API and worker must see the same database, uploads and artifacts.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +18,64 @@ from extension.models import ModelSources
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TIDE_", env_file=".env", extra="ignore")
 
+    # where things live
     data_dir: Path = Field(Path("data"), description="Root for all state unless a part is pointed elsewhere")
     cache_dir: Path | None = Field(None, description="Converted built-in models (default DATA_DIR/cache)")
     models_dir: Path | None = Field(None, description="Folder of saved HF models offered by name (default DATA_DIR/models)")
     allow_hub: bool = Field(False, description="Accept Hugging Face hub ids as base_model (needs internet)")
     hf_token: str | None = Field(None, description="Token for gated hub models when allow_hub is on")
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL of the job database, e.g. postgresql+psycopg://user:pw@db/tide "
+        "(default: SQLite file DATA_DIR/tide.db)",
+    )
+    uploads_dir: Path | None = Field(None, description="Uploaded corpora (default DATA_DIR/uploads); shared by API and worker")
+    artifacts_dir: Path | None = Field(
+        None, description="Published models, one folder per job (default DATA_DIR/artifacts); shared by API and worker"
+    )
+    work_dir: Path | None = Field(
+        None, description="Per-job working folders with training checkpoints for resume (default DATA_DIR/work); worker only"
+    )
+
+    # queue
+    redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL of the Celery broker")
+    queue: str = Field("gpu", description="Celery queue that GPU jobs are sent to and the worker consumes")
+
+    # request limits
+    max_terms: int = Field(1000, ge=1, description="Most terms one POST /extend may list")
+    max_term_chars: int = Field(64, ge=1, description="Longest term, in characters")
+    max_upload_bytes: int = Field(512 * 1024 * 1024, ge=1, description="Largest corpus upload accepted by POST /files, in bytes")
+    max_corpus_text_chars: int = Field(
+        1_000_000, ge=1, description="Longest inline corpus_text in POST /extend, in characters (upload bigger corpora)"
+    )
+    max_steps: int = Field(100_000, ge=1, description="Most training steps a job may ask for")
+
+    # job lifecycle
+    job_time_limit_s: int = Field(
+        6 * 3600, ge=10, description="Wall-clock limit of one job attempt in seconds; past it the job fails with time_limit_exceeded"
+    )
+    max_attempts: int = Field(
+        3, ge=1, description="How many times a job is started (first run plus takeovers after a worker died) before it fails"
+    )
+    lease_s: int = Field(
+        60, ge=3, description="Heartbeat lease in seconds: a running job whose lease is older is taken over by its redelivered message"
+    )
+    cancel_poll_s: float = Field(1.0, gt=0, description="How often a running job re-reads its cancel flag, in seconds")
+    artifact_ttl_hours: float = Field(
+        7 * 24, gt=0, description="Hours after a job finishes before its artifacts (and its upload files) are deleted"
+    )
+    sweep_interval_s: float = Field(
+        60.0, gt=0, description="How often the API expires old artifacts and re-sends jobs whose worker vanished, in seconds"
+    )
+
+    # worker process
+    worker_nice: int = Field(
+        10, ge=0, le=19, description="Niceness added to each job process so a co-located API stays responsive"
+    )
+    worker_torch_threads: int | None = Field(
+        None, ge=1, description="torch CPU threads per job process (default: torch's own choice)"
+    )
+    readyz_timeout_s: float = Field(1.0, gt=0, description="How long /readyz waits for a worker to answer a ping, in seconds")
 
     @property
     def resolved_cache_dir(self) -> Path:
@@ -27,6 +84,27 @@ class Settings(BaseSettings):
     @property
     def resolved_models_dir(self) -> Path:
         return self.models_dir or self.data_dir / "models"
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{(self.data_dir / 'tide.db').resolve()}"
+
+    @property
+    def resolved_uploads_dir(self) -> Path:
+        return self.uploads_dir or self.data_dir / "uploads"
+
+    @property
+    def resolved_artifacts_dir(self) -> Path:
+        return self.artifacts_dir or self.data_dir / "artifacts"
+
+    @property
+    def resolved_work_dir(self) -> Path:
+        return self.work_dir or self.data_dir / "work"
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        # Redis redelivers an unacknowledged message after this; it must outlast the longest job.
+        return self.job_time_limit_s + 3600
 
     def model_sources(self) -> ModelSources:
         return ModelSources(

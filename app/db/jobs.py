@@ -1,0 +1,206 @@
+"""Job state transitions, each one conditional UPDATE so API, worker and sweeper never race.
+
+queued ──claim──> running ──> succeeded | failed | cancelled
+   │                 │  └─cancel─> cancelling ──(worker sees flag)──> cancelled
+   └─cancel─> cancelled
+A running job holds a lease renewed by its worker's heartbeat. A redelivered message may take
+over a job only once that lease has expired, and only `max_attempts` times in all.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from .models import ACTIVE, TERMINAL, Event, Job, utcnow
+
+
+@dataclass(frozen=True)
+class Claim:
+    job_id: str
+    token: str
+    attempt: int
+
+
+def new_job_id() -> str:
+    return "job_" + uuid.uuid4().hex
+
+
+def add_event(session: Session, job_id: str, kind: str, payload: dict[str, Any]) -> None:
+    session.add(Event(job_id=job_id, kind=kind, payload=payload))
+
+
+def claim(
+    sessions: sessionmaker[Session], job_id: str, *, worker: str, lease_s: float, max_attempts: int
+) -> tuple[Claim | None, str]:
+    """Take the job for this worker. Returns (claim, reason); claim is None when we must not run it."""
+    now = utcnow()
+    token = uuid.uuid4().hex
+    expired = and_(Job.lease_expires_at.is_not(None), Job.lease_expires_at < now)
+    with sessions() as session:
+        result = session.execute(
+            update(Job)
+            .where(
+                Job.id == job_id,
+                Job.attempt < max_attempts,
+                or_(Job.status == "queued", and_(Job.status == "running", expired)),
+            )
+            .values(
+                status="running",
+                attempt=Job.attempt + 1,
+                claim_token=token,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                worker=worker,
+                started_at=now,
+                updated_at=now,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount == 1:
+            attempt = session.scalar(select(Job.attempt).where(Job.id == job_id))
+            add_event(session, job_id, "status", {"status": "running", "attempt": attempt, "worker": worker})
+            session.commit()
+            return Claim(job_id, token, int(attempt)), "claimed"
+        session.rollback()
+        job = session.scalar(select(Job).where(Job.id == job_id))
+        if job is None:
+            return None, "unknown job"
+        if job.status in TERMINAL:
+            return None, f"already {job.status}"
+        lease_dead = job.lease_expires_at is not None and job.lease_expires_at < now
+        if job.status == "cancelling" and lease_dead:
+            _finish_unowned(session, job_id, "cancelled", None, "cancelling")
+            return None, "cancelled while its worker was gone"
+        if job.status == "running" and lease_dead and job.attempt >= max_attempts:
+            _finish_unowned(
+                session,
+                job_id,
+                "failed",
+                (
+                    "max_attempts_exceeded",
+                    f"the job's worker stopped {job.attempt} times (crash, out of memory or host loss) and "
+                    f"the limit is {max_attempts} attempts; check the worker logs, then submit it again "
+                    "(with fewer steps or a smaller batch if memory ran out)",
+                ),
+                "running",
+            )
+            return None, "max attempts exceeded"
+        return None, f"held by a live worker ({job.status})"
+
+
+def _finish_unowned(session: Session, job_id: str, status: str, error: tuple[str, str] | None, expected: str) -> bool:
+    now = utcnow()
+    values: dict[str, Any] = {"status": status, "finished_at": now, "updated_at": now, "claim_token": None}
+    if error:
+        values.update(error_code=error[0], error_message=error[1])
+    result = session.execute(
+        update(Job).where(Job.id == job_id, Job.status == expected).values(**values).execution_options(synchronize_session=False)
+    )
+    if result.rowcount == 1:
+        payload: dict[str, Any] = {"status": status}
+        if error:
+            payload["error"] = {"code": error[0], "message": error[1]}
+        add_event(session, job_id, "status", payload)
+    session.commit()
+    return result.rowcount == 1
+
+
+def _owned(job_id: str, token: str):
+    return and_(Job.id == job_id, Job.claim_token == token, Job.status.in_(ACTIVE))
+
+
+def heartbeat(sessions: sessionmaker[Session], claim_: Claim, lease_s: float) -> tuple[bool, bool]:
+    """Renew the lease. Returns (still_ours, cancel_requested)."""
+    now = utcnow()
+    with sessions() as session:
+        result = session.execute(
+            update(Job)
+            .where(_owned(claim_.job_id, claim_.token))
+            .values(lease_expires_at=now + timedelta(seconds=lease_s))
+            .execution_options(synchronize_session=False)
+        )
+        status = session.scalar(select(Job.status).where(Job.id == claim_.job_id))
+        session.commit()
+    return result.rowcount == 1, status == "cancelling"
+
+
+def read_cancel(sessions: sessionmaker[Session], claim_: Claim) -> tuple[bool, bool]:
+    """(still_ours, cancel_requested) without writing."""
+    with sessions() as session:
+        row = session.execute(select(Job.status, Job.claim_token).where(Job.id == claim_.job_id)).first()
+    if row is None:
+        return False, True
+    return row.claim_token == claim_.token and row.status in ACTIVE, row.status == "cancelling"
+
+
+def update_owned(sessions: sessionmaker[Session], claim_: Claim, events: list[tuple[str, dict]] = (), **values: Any) -> bool:
+    """Write fields of a job we hold (stage, progress, metrics), plus events, in one transaction."""
+    with sessions() as session:
+        values["updated_at"] = utcnow()
+        result = session.execute(
+            update(Job).where(_owned(claim_.job_id, claim_.token)).values(**values).execution_options(synchronize_session=False)
+        )
+        if result.rowcount == 1:
+            for kind, payload in events:
+                add_event(session, claim_.job_id, kind, payload)
+            session.commit()
+            return True
+        session.rollback()
+        return False
+
+
+def finish_owned(
+    sessions: sessionmaker[Session],
+    claim_: Claim,
+    status: str,
+    *,
+    error: tuple[str, str, str | None] | None = None,
+    expires_at: datetime | None = None,
+    **values: Any,
+) -> bool:
+    now = utcnow()
+    values.update(status=status, finished_at=now, updated_at=now, claim_token=None, lease_expires_at=None)
+    if expires_at is not None:
+        values["expires_at"] = expires_at
+    payload: dict[str, Any] = {"status": status}
+    if error:
+        values.update(error_code=error[0], error_message=error[1], error_param=error[2])
+        payload["error"] = {"code": error[0], "message": error[1], "param": error[2]}
+    return update_owned(sessions, claim_, [("status", payload)], **values)
+
+
+def request_cancel(session: Session, job: Job) -> bool:
+    """Queued → cancelled at once; running → cancelling (the worker stops at its next check).
+
+    Returns False when the job had already finished (nothing to cancel)."""
+    now = utcnow()
+    if job.status == "queued":
+        done = session.execute(
+            update(Job)
+            .where(Job.id == job.id, Job.status == "queued")
+            .values(status="cancelled", finished_at=now, updated_at=now)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if done:
+            add_event(session, job.id, "status", {"status": "cancelled"})
+            session.commit()
+            return True
+    if job.status in ("queued", "running"):
+        done = session.execute(
+            update(Job)
+            .where(Job.id == job.id, Job.status == "running")
+            .values(status="cancelling", updated_at=now)
+            .execution_options(synchronize_session=False)
+        ).rowcount
+        if done:
+            add_event(session, job.id, "status", {"status": "cancelling"})
+            session.commit()
+            return True
+    session.rollback()
+    session.refresh(job)
+    return job.status in ("cancelling", "cancelled")

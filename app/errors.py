@@ -1,0 +1,125 @@
+"""One error shape for every failure: {"error": {"code", "message", "param"}}.
+
+FastAPI's own answers (validation, unknown route, wrong method) are rewritten into it, and
+nothing unexpected ever leaks a stack trace to the client.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from extension.errors import TideError
+
+log = logging.getLogger("tide.api")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, param: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.param = param
+        self.headers = headers
+
+
+def error_response(status: int, code: str, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, "param": param}}, status_code=status, headers=headers)
+
+
+def _param_from_loc(loc: tuple[Any, ...]) -> str | None:
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        where = parts.pop(0)
+        if not parts:
+            return "body" if where == "body" else None
+    name = ""
+    for part in parts:
+        if isinstance(part, int):
+            name += f"[{part}]"
+        else:
+            name += ("." if name else "") + str(part)
+    return name or None
+
+
+def _validation_message(error: dict[str, Any], param: str | None) -> tuple[str, str]:
+    kind = error.get("type", "")
+    where = param or "request"
+    if kind == "json_invalid":
+        detail = (error.get("ctx") or {}).get("error", "syntax error")
+        return "malformed_json", (
+            f"the request body is not valid JSON ({detail}); send one JSON object with "
+            "Content-Type: application/json"
+        )
+    if kind == "missing" and where == "body":
+        return "invalid_request", "the request needs a JSON body; send one JSON object with Content-Type: application/json"
+    if kind == "missing":
+        return "invalid_request", f"{where} is required; add it to the request"
+    if kind == "extra_forbidden":
+        return "invalid_request", f"{where} is not a known field; remove it or check its spelling against /docs"
+    if kind == "model_attributes_type" or kind == "dict_type":
+        return "invalid_request", f"{where} must be a JSON object; got {type(error.get('input')).__name__}"
+    return "invalid_request", f"{where}: {error.get('msg', 'invalid value')}; fix the value (see /docs for the allowed range)"
+
+
+async def _validation_handler(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    param = _param_from_loc(tuple(first.get("loc", ())))
+    code, message = _validation_message(first, param)
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
+    return error_response(422, code, message, param)
+
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    406: "not_acceptable",
+    409: "conflict",
+    410: "gone",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    416: "range_not_satisfiable",
+}
+
+
+async def _http_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    if exc.status_code == 404:
+        message = f"no route {request.url.path}; see /docs for the API"
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}; see /docs for the methods it takes"
+    else:
+        message = str(exc.detail)
+    return error_response(exc.status_code, code, message, None, getattr(exc, "headers", None))
+
+
+async def _api_handler(_request: Request, exc: ApiError) -> JSONResponse:
+    return error_response(exc.status, exc.code, exc.message, exc.param, exc.headers)
+
+
+async def _tide_handler(_request: Request, exc: TideError) -> JSONResponse:
+    return error_response(422, exc.code, exc.message, exc.param)
+
+
+async def _unexpected_handler(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(500, "internal_error", "the server hit an unexpected error; it has been logged — retry, and report it if it persists")
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_handler)
+    app.add_exception_handler(ApiError, _api_handler)
+    app.add_exception_handler(TideError, _tide_handler)
+    app.add_exception_handler(Exception, _unexpected_handler)

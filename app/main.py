@@ -1,0 +1,71 @@
+"""The FastAPI application: `create_app(settings)` wires settings, database, queue and routes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from . import errors
+from .db.engine import init_db, make_engine, make_sessionmaker
+from .queue import JobQueue
+from .routes import artifacts, files, health, jobs, models
+from .settings import Settings, get_settings
+from .storage import ensure_dirs
+from .sweeper import sweep
+
+log = logging.getLogger("tide.api")
+
+DESCRIPTION = """Extend a causal language model's vocabulary with domain terms and train only the new rows.
+
+1. `POST /extend` with a `base_model` and `terms` (or a corpus uploaded with `POST /files`).
+2. Poll `GET /jobs/{id}` (or `GET /jobs/{id}/events?after=`).
+3. Download `GET /jobs/{id}/archive` (or single files listed by `GET /jobs/{id}/artifacts`).
+
+Every request needs `Authorization: Bearer <key>` (create one with `tide keys create NAME`).
+Every error has the shape `{"error": {"code", "message", "param"}}`.
+"""
+
+
+async def _sweep_forever(app: FastAPI) -> None:
+    settings: Settings = app.state.settings
+    while True:
+        try:
+            await run_in_threadpool(sweep, settings, app.state.sessions, app.state.queue)
+        except Exception:
+            log.exception("sweep failed; trying again in %.0f s", settings.sweep_interval_s)
+        await asyncio.sleep(settings.sweep_interval_s)
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI):
+    task = asyncio.create_task(_sweep_forever(app))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        app.state.queue.close()
+        app.state.engine.dispose()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    ensure_dirs(settings)
+    engine = make_engine(settings.resolved_database_url)
+    init_db(engine)
+
+    app = FastAPI(title="TIDE", version="0.1.0", description=DESCRIPTION, lifespan=_lifespan)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessions = make_sessionmaker(engine)
+    app.state.queue = JobQueue(settings)
+    errors.install(app)
+    for module in (health, jobs, files, artifacts, models):
+        app.include_router(module.router)
+    return app

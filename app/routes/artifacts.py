@@ -1,0 +1,71 @@
+"""The published model: manifest, single files and the whole archive, all with Range support."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import FileResponse
+
+from ..db.models import Job
+from ..deps import DbDep, KeyDep, SettingsDep
+from ..errors import ApiError
+from ..schemas import Archive, ArtifactFile, Artifacts
+from ..storage import archive_path, model_dir
+from .jobs import owned_job
+from . import AUTH_ERRORS, CONFLICT, GONE, NOT_FOUND
+
+router = APIRouter(tags=["artifacts"], responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT, **GONE})
+
+_DOWNLOAD = {
+    200: {"content": {"application/octet-stream": {}}, "description": "The file"},
+    206: {"content": {"application/octet-stream": {}}, "description": "The requested byte range"},
+    416: {"description": "The Range lies outside the file"},
+}
+
+
+def _published(db, key, job_id: str) -> Job:
+    job = owned_job(db, key, job_id)
+    if job.status != "succeeded":
+        raise ApiError(409, "job_not_succeeded", f"job {job_id} is {job.status}; artifacts exist only once it has succeeded", "job_id")
+    if job.artifacts_deleted:
+        raise ApiError(410, "artifacts_expired", f"the artifacts of job {job_id} have expired or were deleted; run the job again", "job_id")
+    return job
+
+
+def _archive_name(job: Job) -> str:
+    return f"{job.id}.tar"
+
+
+@router.get("/jobs/{job_id}/artifacts", response_model=Artifacts, summary="The manifest: every file with size and sha256")
+def artifacts(job_id: str, db: DbDep, key: KeyDep) -> Artifacts:
+    job = _published(db, key, job_id)
+    files = [
+        ArtifactFile(path=f["path"], size=f["size"], sha256=f["sha256"], url=f"/jobs/{job.id}/artifacts/{f['path']}")
+        for f in job.manifest or []
+    ]
+    archive = Archive(url=f"/jobs/{job.id}/archive", filename=_archive_name(job), size=job.archive_bytes or 0, sha256=job.archive_sha256 or "")
+    return Artifacts(job_id=job.id, files=files, archive=archive, expires_at=job.expires_at)
+
+
+@router.get(
+    "/jobs/{job_id}/artifacts/{path:path}",
+    response_class=FileResponse,
+    summary="One file of the published model (supports Range)",
+    responses=_DOWNLOAD,
+)
+def artifact_file(job_id: str, path: str, db: DbDep, key: KeyDep, settings: SettingsDep) -> FileResponse:
+    job = _published(db, key, job_id)
+    # Only paths the manifest lists: no way to name anything else on disk.
+    if path not in {f["path"] for f in job.manifest or []}:
+        raise ApiError(404, "not_found", f"job {job_id} has no artifact {path!r}; GET /jobs/{job_id}/artifacts lists them", "path")
+    return FileResponse(model_dir(settings, job.id) / path, filename=path.rsplit("/", 1)[-1], media_type="application/octet-stream")
+
+
+@router.get(
+    "/jobs/{job_id}/archive",
+    response_class=FileResponse,
+    summary="The whole model as one .tar (supports Range, so a broken download resumes with curl -C -)",
+    responses=_DOWNLOAD,
+)
+def archive(job_id: str, db: DbDep, key: KeyDep, settings: SettingsDep) -> FileResponse:
+    job = _published(db, key, job_id)
+    return FileResponse(archive_path(settings, job.id), filename=_archive_name(job), media_type="application/x-tar")

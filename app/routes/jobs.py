@@ -1,0 +1,140 @@
+"""POST /extend and the job resource: list, read, events, cancel, delete."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Header, Query, Response
+from sqlalchemy import delete, select
+
+from ..db.jobs import add_event, request_cancel
+from ..db.models import Event, Job, StoredFile, utcnow
+from ..deps import DbDep, KeyDep, SettingsDep, get_queue
+from ..errors import ApiError
+from ..schemas import EventList, ExtendRequest, JobList
+from ..schemas import Event as EventOut
+from ..schemas import Job as JobOut
+from ..storage import job_artifacts_dir, job_work_dir, remove_tree
+from ..submission import submit
+from ..views import job_view
+from . import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
+
+router = APIRouter(tags=["jobs"], responses={**AUTH_ERRORS, **INVALID})
+log = logging.getLogger("tide.api")
+
+JobStatusFilter = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
+
+
+def owned_job(db, key, job_id: str) -> Job:
+    job = db.scalar(select(Job).where(Job.id == job_id))
+    if job is None or job.owner_id != key.id:
+        # Another key's job is indistinguishable from no job at all.
+        raise ApiError(404, "not_found", f"no job {job_id!r} for this API key; list yours with GET /jobs", "job_id")
+    return job
+
+
+def enqueue(db, queue, job: Job) -> None:
+    try:
+        queue.send(job.id)
+    except Exception as exc:
+        # The job is safely stored; the sweeper re-sends jobs that never reached the queue.
+        log.warning("could not queue %s: %s", job.id, exc)
+        add_event(db, job.id, "warning", {"message": "the job queue is not answering; the job will be sent when it is back"})
+        db.commit()
+        return
+    job.enqueued_at = utcnow()
+    db.commit()
+
+
+@router.post(
+    "/extend",
+    status_code=202,
+    response_model=JobOut,
+    summary="Start a job: extend a model's vocabulary with new terms",
+    responses={202: {"description": "Accepted; poll the Location", "headers": {"Location": {"schema": {"type": "string"}, "description": "The job's URL"}}}, **CONFLICT},
+)
+def extend(
+    body: ExtendRequest,
+    response: Response,
+    db: DbDep,
+    key: KeyDep,
+    settings: SettingsDep,
+    queue=Depends(get_queue),
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", description="Retrying with the same key returns the same job")] = None,
+) -> JobOut:
+    job, created = submit(db, key, body, settings, idempotency_key)
+    if created:
+        enqueue(db, queue, job)
+    else:
+        response.headers["Idempotent-Replayed"] = "true"
+    response.headers["Location"] = f"/jobs/{job.id}"
+    return job_view(job)
+
+
+@router.get("/jobs", response_model=JobList, summary="Your jobs, newest first")
+def list_jobs(
+    db: DbDep,
+    key: KeyDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: Annotated[str | None, Query(max_length=20, description="next_cursor from the previous page")] = None,
+    status: Annotated[JobStatusFilter | None, Query(description="Only jobs in this status")] = None,
+) -> JobList:
+    query = select(Job).where(Job.owner_id == key.id)
+    if cursor is not None:
+        if not cursor.isdigit():
+            raise ApiError(422, "invalid_request", "cursor must be the next_cursor value of a previous page", "cursor")
+        query = query.where(Job.seq < int(cursor))
+    if status is not None:
+        query = query.where(Job.status == status)
+    jobs = list(db.scalars(query.order_by(Job.seq.desc()).limit(limit + 1)))
+    more = len(jobs) > limit
+    jobs = jobs[:limit]
+    return JobList(data=[job_view(j) for j in jobs], next_cursor=str(jobs[-1].seq) if more else None)
+
+
+@router.get("/jobs/{job_id}", response_model=JobOut, summary="A job's status, stage, progress, metrics and error", responses=NOT_FOUND)
+def get_job(job_id: str, db: DbDep, key: KeyDep) -> JobOut:
+    return job_view(owned_job(db, key, job_id))
+
+
+@router.get("/jobs/{job_id}/events", response_model=EventList, summary="Stage changes, progress, metrics and warnings", responses=NOT_FOUND)
+def job_events(
+    job_id: str,
+    db: DbDep,
+    key: KeyDep,
+    after: Annotated[int, Query(ge=0, le=2**62, description="Only events with a larger id")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> EventList:
+    owned_job(db, key, job_id)
+    rows = list(db.scalars(select(Event).where(Event.job_id == job_id, Event.id > after).order_by(Event.id).limit(limit)))
+    data = [EventOut(id=e.id, kind=e.kind, payload=e.payload, created_at=e.created_at) for e in rows]
+    return EventList(data=data, next_after=data[-1].id if data else after)
+
+
+@router.post("/jobs/{job_id}/cancel", response_model=JobOut, summary="Cancel a queued or running job", responses={**NOT_FOUND, **CONFLICT})
+def cancel_job(job_id: str, db: DbDep, key: KeyDep) -> JobOut:
+    job = owned_job(db, key, job_id)
+    if not request_cancel(db, job):
+        raise ApiError(409, "job_finished", f"job {job_id} already {job.status}; there is nothing to cancel", "job_id")
+    db.refresh(job)
+    return job_view(job)
+
+
+@router.delete("/jobs/{job_id}", status_code=204, summary="Delete a finished job and its artifacts", responses={**NOT_FOUND, **CONFLICT})
+def delete_job(job_id: str, db: DbDep, key: KeyDep, settings: SettingsDep) -> Response:
+    job = owned_job(db, key, job_id)
+    if job.status not in ("succeeded", "failed", "cancelled"):
+        raise ApiError(409, "job_active", f"job {job_id} is {job.status}; cancel it first (POST /jobs/{job_id}/cancel)", "job_id")
+    remove_tree(job_artifacts_dir(settings, job.id))
+    remove_tree(job_work_dir(settings, job.id))
+    inline = db.get(StoredFile, job.corpus_file_id) if job.corpus_file_id else None
+    db.execute(delete(Event).where(Event.job_id == job.id))
+    db.delete(job)
+    if inline is not None and inline.source == "inline":
+        Path(inline.path).unlink(missing_ok=True)
+        db.delete(inline)
+    db.commit()
+    return Response(status_code=204)
+

@@ -1,0 +1,181 @@
+"""Request and response bodies of the HTTP API (with the examples shown at /docs)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobStatus = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
+
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class ErrorBody(BaseModel):
+    code: str = Field(description="Stable machine-readable name, e.g. model_not_found, invalid_terms")
+    message: str = Field(description="What was wrong and how to fix it")
+    param: str | None = Field(None, description="The request field at fault, e.g. base_model or terms[2]")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"error": {"code": "model_not_found", "message": "unknown base model 'llama-9000'; available: gemma3-270m, smollm2-135m", "param": "base_model"}}
+            ]
+        }
+    )
+
+
+class MiningOptions(BaseModel):
+    """How terms are chosen from a corpus (used only when no `terms` are given)."""
+
+    model_config = _STRICT
+
+    max_new_tokens: int = Field(300, ge=1, le=20_000, description="Most new tokens to add")
+    min_frequency: int = Field(3, ge=1, le=1_000_000, description="A candidate must occur at least this often in the corpus")
+
+
+class TrainingOptions(BaseModel):
+    """Training of the new rows only (the base model stays frozen)."""
+
+    model_config = _STRICT
+
+    steps: int = Field(100, ge=0, description="Optimiser steps (0: initialise the new rows only; at most TIDE_MAX_STEPS)")
+    batch_size: int = Field(4, ge=1, le=512)
+    seq_len: int = Field(128, ge=8, le=32_768, description="Tokens per training sequence")
+    lr: float = Field(1e-3, gt=0, le=1.0, description="Base learning rate")
+    embedding_lr_multiplier: float = Field(5.0, gt=0, lt=10.0, description="Learning-rate multiplier for the new rows")
+    weight_decay: float = Field(0.0, ge=0, le=1.0)
+    warmup_steps: int = Field(10, ge=0, le=1_000_000)
+    grad_clip: float = Field(1.0, gt=0, le=1000.0)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    checkpoint_every: int = Field(50, ge=1, le=1_000_000, description="Steps between checkpoints (a taken-over job resumes from the last)")
+
+
+class ExtendRequest(BaseModel):
+    """Give `terms`, or a corpus (`corpus_file_id` from POST /files, or a small inline `corpus_text`), or both."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        json_schema_extra={
+            "examples": [
+                {"base_model": "smollm2-135m", "terms": ["immunohistochemistry", "pharmacokinetics"], "training": {"steps": 50}},
+                {"base_model": "smollm2-135m", "corpus_file_id": "file_0123456789abcdef0123456789abcdef", "mining": {"max_new_tokens": 200}},
+            ]
+        },
+    )
+
+    base_model: str = Field(
+        min_length=1, max_length=200, description="A built-in name (smollm2-135m, gemma3-270m) or a folder name under the server's models directory (see GET /models)"
+    )
+    terms: list[str] | None = Field(None, description="Words or phrases that should each become one token")
+    corpus_file_id: str | None = Field(None, max_length=64, description="An uploaded corpus (POST /files): mined for terms when none are given, and trained on")
+    corpus_text: str | None = Field(None, description="A small corpus inline (documents separated by blank lines)")
+    corpus_text_field: str = Field("text", min_length=1, max_length=100, description="Field holding the text in a JSONL corpus")
+    pad_to_multiple_of: int = Field(64, ge=1, le=4096, description="Vocabulary is padded up to a multiple of this")
+    mining: MiningOptions = Field(default_factory=MiningOptions)
+    training: TrainingOptions = Field(default_factory=TrainingOptions)
+
+
+class Progress(BaseModel):
+    step: int
+    total: int
+    percent: float
+
+
+class ArtifactLinks(BaseModel):
+    manifest_url: str = Field(description="GET it for the file list with sizes and sha256")
+    archive_url: str = Field(description="The whole model as one .tar (supports Range, so downloads resume)")
+    expires_at: datetime | None
+
+
+class Job(BaseModel):
+    id: str
+    status: JobStatus
+    stage: str | None = Field(description="load, mine, extend, init, train, evaluate or publish")
+    progress: Progress
+    base_model: str
+    attempt: int = Field(description="How many times a worker has started this job")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    updated_at: datetime
+    error: ErrorBody | None
+    metrics: dict[str, Any] | None
+    mined_terms: list[Any] | None = Field(description="Terms chosen from the corpus (corpus jobs)")
+    artifacts: ArtifactLinks | None
+    request: dict[str, Any] = Field(description="The request as accepted, defaults filled in")
+
+
+class JobList(BaseModel):
+    data: list[Job]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) page; null on the last page")
+
+
+class Event(BaseModel):
+    id: int = Field(description="Increasing; pass the last one seen as ?after= to get only newer events")
+    kind: str = Field(description="status, stage, progress, metrics, warning, …")
+    payload: dict[str, Any]
+    created_at: datetime
+
+
+class EventList(BaseModel):
+    data: list[Event]
+    next_after: int = Field(description="Use as ?after= on the next poll")
+
+
+class FileObject(BaseModel):
+    id: str
+    filename: str
+    bytes: int
+    sha256: str
+    documents: int = Field(description="Documents found (blank-line separated text, or JSONL records)")
+    created_at: datetime
+
+
+class ArtifactFile(BaseModel):
+    path: str
+    size: int
+    sha256: str
+    url: str
+
+
+class Archive(BaseModel):
+    url: str
+    filename: str
+    size: int
+    sha256: str
+
+
+class Artifacts(BaseModel):
+    job_id: str
+    files: list[ArtifactFile]
+    archive: Archive
+    expires_at: datetime | None
+
+
+class ModelInfo(BaseModel):
+    name: str
+    kind: Literal["builtin", "models_dir"]
+    description: str | None
+
+
+class ModelList(BaseModel):
+    data: list[ModelInfo]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Ready(BaseModel):
+    status: Literal["ready"]
+    database: Literal["ok"]
+    redis: Literal["ok"]
+    workers: int = Field(description="Workers that answered a ping")

@@ -1,0 +1,154 @@
+"""POST /extend, minus HTTP: validate a request against the server's limits, store the job.
+
+Everything a client can get wrong is caught here, before a job is queued, and answered with
+the field at fault: the worker should fail only for reasons nobody could see at submit time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from pathlib import Path
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from extension.corpus import check_corpus
+from extension.errors import InvalidCorpusError, TideError
+from extension.models import BUILTIN_MODELS, resolve_model
+
+from .db.jobs import add_event, new_job_id
+from .db.models import ApiKey, Job, StoredFile
+from .errors import ApiError
+from .schemas import ExtendRequest
+from .settings import Settings
+from .storage import upload_path
+from .terms import validate_terms
+
+
+def new_file_id() -> str:
+    return "file_" + uuid.uuid4().hex
+
+
+def check_base_model(name: str, settings: Settings) -> None:
+    # Built-ins are accepted by name: resolving one converts its GGUF (tens of seconds), which
+    # is the worker's job, not the request's.
+    if name in BUILTIN_MODELS:
+        return
+    resolve_model(name, settings.model_sources(), allow_local_paths=False)
+
+
+def _request_hash(request: ExtendRequest) -> str:
+    return hashlib.sha256(json.dumps(request.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def _check_limits(request: ExtendRequest, settings: Settings) -> None:
+    if request.training.steps > settings.max_steps:
+        raise ApiError(422, "invalid_option", f"training.steps is {request.training.steps}; this server allows at most {settings.max_steps}", "training.steps")
+    if request.terms is None and request.corpus_file_id is None and request.corpus_text is None:
+        raise ApiError(
+            422, "invalid_request",
+            "give the new words as terms, or a corpus to mine them from (corpus_file_id from POST /files, or corpus_text)",
+            "terms",
+        )
+    if request.corpus_file_id is not None and request.corpus_text is not None:
+        raise ApiError(422, "invalid_request", "give one corpus: corpus_file_id or corpus_text, not both", "corpus_text")
+    if request.corpus_text is not None and len(request.corpus_text) > settings.max_corpus_text_chars:
+        raise ApiError(
+            422, "invalid_corpus",
+            f"corpus_text has {len(request.corpus_text)} characters; the inline limit is {settings.max_corpus_text_chars} — "
+            "upload bigger corpora with POST /files and pass corpus_file_id",
+            "corpus_text",
+        )
+
+
+def _own_file(db: Session, key: ApiKey, file_id: str) -> StoredFile:
+    stored = db.get(StoredFile, file_id)
+    if stored is None or stored.owner_id != key.id or not Path(stored.path).is_file():
+        raise ApiError(422, "file_not_found", f"no uploaded file {file_id!r} for this API key; upload the corpus with POST /files first", "corpus_file_id")
+    return stored
+
+
+def _store_inline_corpus(db: Session, key: ApiKey, text: str, settings: Settings) -> StoredFile:
+    file_id = new_file_id()
+    path = upload_path(settings, file_id, ".txt")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = text.encode("utf-8")
+    path.write_bytes(data)
+    try:
+        documents, _size = check_corpus(path)
+    except InvalidCorpusError as exc:
+        path.unlink(missing_ok=True)
+        raise ApiError(422, exc.code, exc.message.replace(f"corpus {path.name}", "corpus_text"), "corpus_text") from None
+    stored = StoredFile(
+        id=file_id, owner_id=key.id, filename="corpus_text.txt", path=str(path), bytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(), documents=documents, source="inline",
+    )
+    db.add(stored)
+    return stored
+
+
+def existing_job(db: Session, key: ApiKey, idempotency_key: str | None) -> Job | None:
+    if idempotency_key is None:
+        return None
+    return db.scalar(select(Job).where(Job.owner_id == key.id, Job.idempotency_key == idempotency_key))
+
+
+def _replay(job: Job, request_hash: str) -> Job:
+    if job.request_hash != request_hash:
+        raise ApiError(
+            409, "idempotency_key_reused",
+            "this Idempotency-Key was already used for a different request; use a new key for a new job",
+            "Idempotency-Key",
+        )
+    return job
+
+
+def submit(db: Session, key: ApiKey, request: ExtendRequest, settings: Settings, idempotency_key: str | None) -> tuple[Job, bool]:
+    """Store a new queued job. Returns (job, created); created is False for an idempotent replay."""
+    if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
+        raise ApiError(422, "invalid_request", "Idempotency-Key must be 1 to 255 characters", "Idempotency-Key")
+    request_hash = _request_hash(request)
+    previous = existing_job(db, key, idempotency_key)
+    if previous is not None:
+        return _replay(previous, request_hash), False
+
+    _check_limits(request, settings)
+    try:
+        check_base_model(request.base_model, settings)
+    except TideError as exc:
+        raise ApiError(422, exc.code, exc.message, "base_model") from None
+    if request.terms is not None:
+        validate_terms(request.terms, settings)
+    corpus = None
+    if request.corpus_file_id is not None:
+        corpus = _own_file(db, key, request.corpus_file_id)
+    elif request.corpus_text is not None:
+        corpus = _store_inline_corpus(db, key, request.corpus_text, settings)
+
+    stored_request = request.model_dump(mode="json", exclude={"corpus_text"})
+    if corpus is not None:
+        stored_request["corpus_file_id"] = corpus.id
+    job = Job(
+        id=new_job_id(), owner_id=key.id, idempotency_key=idempotency_key, request_hash=request_hash,
+        request=stored_request, base_model=request.base_model,
+        corpus_file_id=corpus.id if corpus is not None else None,
+        progress_total=request.training.steps,
+    )
+    db.add(job)
+    try:
+        db.flush()
+    except IntegrityError:
+        # A concurrent retry with the same Idempotency-Key won the race: answer with its job.
+        db.rollback()
+        if corpus is not None and corpus.source == "inline":
+            Path(corpus.path).unlink(missing_ok=True)
+        previous = existing_job(db, key, idempotency_key)
+        if previous is None:
+            raise
+        return _replay(previous, request_hash), False
+    add_event(db, job.id, "status", {"status": "queued"})
+    db.commit()
+    return job, True

@@ -1,0 +1,152 @@
+"""Stream a multipart corpus upload straight to disk: bounded size, hashed on the way.
+
+Starlette's form parser would spool the whole body to a temporary file before the route could
+refuse it; this parser stops at the first byte over the limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import Request
+from python_multipart.multipart import MultipartParser, parse_options_header
+
+from .errors import ApiError
+
+_FIELD_LIMIT = 1024  # small text fields (text_field) only
+_HOW = "send the corpus as multipart/form-data with the file in a field named 'file' (curl -F file=@corpus.txt)"
+
+
+@dataclass
+class ReceivedFile:
+    filename: str
+    path: Path
+    bytes: int
+    sha256: str
+    fields: dict[str, str]
+
+
+@dataclass
+class _State:
+    limit: int
+    partial: Path
+    header_field: bytes = b""
+    header_value: bytes = b""
+    headers: dict[bytes, bytes] = field(default_factory=dict)
+    part_name: str | None = None
+    field_buffer: bytearray = field(default_factory=bytearray)
+    fields: dict[str, str] = field(default_factory=dict)
+    filename: str | None = None
+    handle: object | None = None
+    written: int = 0
+    hasher: "hashlib._Hash" = field(default_factory=hashlib.sha256)
+    problem: ApiError | None = None
+
+
+def _callbacks(state: _State) -> dict:
+    def on_part_begin() -> None:
+        state.headers = {}
+        state.part_name = None
+        state.field_buffer = bytearray()
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        state.header_field += data[start:end]
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        state.header_value += data[start:end]
+
+    def on_header_end() -> None:
+        state.headers[state.header_field.lower()] = state.header_value
+        state.header_field = state.header_value = b""
+
+    def on_headers_finished() -> None:
+        _disposition, options = parse_options_header(state.headers.get(b"content-disposition", b""))
+        name = options.get(b"name", b"").decode("utf-8", "replace")
+        state.part_name = name
+        if name == "file":
+            if state.handle is not None:
+                state.problem = ApiError(422, "invalid_request", f"more than one 'file' part; {_HOW}", "file")
+                return
+            state.filename = options.get(b"filename", b"corpus.txt").decode("utf-8", "replace") or "corpus.txt"
+            state.handle = state.partial.open("wb")
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        if state.problem is not None:
+            return
+        chunk = data[start:end]
+        if state.part_name == "file" and state.handle is not None:
+            state.written += len(chunk)
+            if state.written > state.limit:
+                state.problem = ApiError(
+                    413, "file_too_large",
+                    f"the upload is larger than this server's limit of {state.limit} bytes; split the corpus or ask for a higher TIDE_MAX_UPLOAD_BYTES",
+                    "file",
+                )
+                return
+            state.hasher.update(chunk)
+            state.handle.write(chunk)
+        else:
+            state.field_buffer += chunk
+            if len(state.field_buffer) > _FIELD_LIMIT:
+                state.problem = ApiError(422, "invalid_request", f"form field {state.part_name!r} is too long; {_HOW}", state.part_name)
+
+    def on_part_end() -> None:
+        if state.part_name and state.part_name != "file" and state.problem is None:
+            state.fields[state.part_name] = state.field_buffer.decode("utf-8", "replace")
+
+    return {
+        "on_part_begin": on_part_begin,
+        "on_header_field": on_header_field,
+        "on_header_value": on_header_value,
+        "on_header_end": on_header_end,
+        "on_headers_finished": on_headers_finished,
+        "on_part_data": on_part_data,
+        "on_part_end": on_part_end,
+    }
+
+
+async def receive_file(request: Request, partial: Path, limit: int) -> ReceivedFile:
+    """Write the 'file' part to `partial`. Raises ApiError (413/415/422); removes `partial` on error."""
+    content_type, params = parse_options_header(request.headers.get("content-type", ""))
+    boundary = params.get(b"boundary")
+    if content_type != b"multipart/form-data" or not boundary:
+        raise ApiError(415, "unsupported_media_type", f"expected multipart/form-data; {_HOW}", "file")
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit + 64 * 1024:
+        raise ApiError(
+            413, "file_too_large",
+            f"the upload ({declared} bytes) is larger than this server's limit of {limit} bytes; split the corpus or ask for a higher TIDE_MAX_UPLOAD_BYTES",
+            "file",
+        )
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    state = _State(limit=limit, partial=partial)
+    parser = MultipartParser(boundary, _callbacks(state))
+    try:
+        async for chunk in request.stream():
+            parser.write(chunk)
+            if state.problem is not None:
+                raise state.problem
+        parser.finalize()
+        if state.problem is not None:
+            raise state.problem
+        if state.handle is None:
+            raise ApiError(422, "invalid_request", f"no 'file' part in the upload; {_HOW}", "file")
+        state.handle.flush()
+        os.fsync(state.handle.fileno())
+    except ApiError:
+        _discard(state)
+        raise
+    except Exception as exc:  # the multipart parser's own errors: a malformed body
+        _discard(state)
+        raise ApiError(422, "invalid_request", f"malformed multipart body ({type(exc).__name__}); {_HOW}", "file") from None
+    state.handle.close()
+    return ReceivedFile(state.filename or "corpus.txt", partial, state.written, state.hasher.hexdigest(), state.fields)
+
+
+def _discard(state: _State) -> None:
+    if state.handle is not None:
+        state.handle.close()
+    state.partial.unlink(missing_ok=True)
