@@ -1,0 +1,175 @@
+"""The rows training loop: exact resume, cancel, frozen base, validation, window sampling."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from extension.errors import InvalidCorpusError, InvalidOptionError, JobCancelled
+from extension.init import NewRows, is_tied
+from extension.rows import attach
+from extension.spec import Callbacks
+from extension.train import (
+    CHECKPOINT_NAME,
+    TokenWindows,
+    TrainConfig,
+    max_positions,
+    train_rows,
+)
+
+from .conftest import tiny_llama
+
+BASE_VOCAB, NEW, DIM = 240, 6, 32
+
+
+def _stream(length=4000, seed=0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, BASE_VOCAB, (length,), generator=g)
+    spots = tokens[40:-40:37]  # away from the ends, where a window cannot be centred
+    spots[:] = BASE_VOCAB + torch.arange(len(spots)) % NEW
+    return tokens
+
+
+def _setup(tied: bool, seed: int = 0):
+    model = tiny_llama(tied=tied, seed=seed)
+    rows = NewRows(input=torch.zeros(NEW, DIM), output=None if tied else torch.zeros(NEW, DIM))
+    return model, attach(model, BASE_VOCAB, rows)
+
+
+CONFIG = dict(steps=12, batch_size=2, seq_len=16, warmup_steps=3, checkpoint_every=4)
+
+
+def _train(tied, work_dir=None, cancel_after=None, sampling="mixed", **overrides):
+    model, adapter = _setup(tied)
+    config = TrainConfig(**{**CONFIG, **overrides})
+    data = TokenWindows(_stream(), base_vocab_size=BASE_VOCAB, batch_size=config.batch_size,
+                        seq_len=config.seq_len, seed=config.seed, sampling=sampling)
+    progress: list[tuple[int, int, dict]] = []
+    callbacks = Callbacks(
+        work_dir=work_dir,
+        on_progress=lambda step, total, metrics: progress.append((step, total, metrics)),
+        should_cancel=lambda: cancel_after is not None and len(progress) >= cancel_after,
+    )
+    return model, adapter, train_rows(model, adapter, data, config, callbacks), progress
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_resume_is_exact(tied, tmp_path):
+    _, _, straight, _ = _train(tied, tmp_path / "a")
+    with pytest.raises(JobCancelled):
+        _train(tied, tmp_path / "b", cancel_after=5)
+    saved = torch.load(tmp_path / "b" / CHECKPOINT_NAME, weights_only=False)
+    assert saved["step"] == 5
+    _, _, resumed, progress = _train(tied, tmp_path / "b")
+    assert resumed.resumed_from == 5 and [p[0] for p in progress] == list(range(6, 13))
+    assert torch.equal(straight.rows.input, resumed.rows.input)
+    if not tied:
+        assert torch.equal(straight.rows.output, resumed.rows.output)
+    assert [h["loss"] for h in straight.history] == [h["loss"] for h in resumed.history]
+    assert not torch.equal(straight.rows.input, torch.zeros(NEW, DIM))
+
+
+def test_cancel_stops_between_steps(tmp_path):
+    with pytest.raises(JobCancelled):
+        _train(True, tmp_path, cancel_after=3)
+    # a finished run resumes as done: no step is repeated
+    _, _, result, progress = _train(True, tmp_path, steps=3)
+    assert result.steps_done == 3 and progress == []
+
+
+def test_progress_reports_loss_speed_and_lr():
+    _, _, result, progress = _train(True, steps=4)
+    assert [(step, total) for step, total, _ in progress] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert all(set(metrics) == {"loss", "tokens_per_s", "lr"} for _, _, metrics in progress)
+    assert all(metrics["tokens_per_s"] > 0 and metrics["loss"] > 0 for _, _, metrics in progress)
+    assert result.history[-1]["tokens"] == 2 * 16
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_every_old_parameter_is_untouched(tied):
+    model = tiny_llama(tied=tied)
+    before = copy.deepcopy(model.state_dict())
+    adapter = attach(model, BASE_VOCAB, NewRows(input=torch.zeros(NEW, DIM), output=None if tied else torch.zeros(NEW, DIM)))
+    config = TrainConfig(**CONFIG)
+    data = TokenWindows(_stream(), base_vocab_size=BASE_VOCAB, batch_size=2, seq_len=16)
+    train_rows(model, adapter, data, config)
+    adapter.merge()
+    assert is_tied(model) == tied
+    for key, value in model.state_dict().items():
+        assert torch.equal(value[:BASE_VOCAB] if value.shape[:1] == (256,) else value,
+                           before[key][:BASE_VOCAB] if value.shape[:1] == (256,) else before[key]), key
+    assert not torch.equal(model.get_input_embeddings().weight[BASE_VOCAB:BASE_VOCAB + NEW], torch.zeros(NEW, DIM))
+
+
+def test_checkpoint_of_another_run_is_ignored(tmp_path):
+    _train(True, tmp_path, steps=4)
+    warnings = []
+    model, adapter = _setup(True)
+    data = TokenWindows(_stream(), base_vocab_size=BASE_VOCAB, batch_size=2, seq_len=16)
+    result = train_rows(model, adapter, data, TrainConfig(**{**CONFIG, "steps": 4, "lr": 2e-3}),
+                        Callbacks(work_dir=tmp_path, on_warning=warnings.append))
+    assert result.resumed_from == 0 and "other settings" in warnings[0]
+
+
+def test_lr_schedule_warms_up_then_decays():
+    config = TrainConfig(steps=100, lr=1e-3, warmup_steps=10)
+    lrs = [config.lr_at(s) for s in range(100)]
+    assert lrs[0] == pytest.approx(1e-4) and lrs[9] == pytest.approx(1e-3)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert lrs[-1] == pytest.approx(1e-4, rel=0.01)
+
+
+def test_embedding_rows_get_the_lr_multiplier():
+    _, adapter = _setup(False)
+    from extension.train import _param_groups
+
+    groups = _param_groups(adapter, TrainConfig(embedding_lr_multiplier=5, weight_decay=0.0))
+    assert [(g["name"], g["lr_scale"], g["weight_decay"]) for g in groups] == [
+        ("input_rows", 5, 0.0), ("output_rows", 1.0, 0.0)]
+
+
+@pytest.mark.parametrize(
+    "field, value, flag",
+    [("steps", -1, "--steps"), ("seq_len", 256, "--seq-len"), ("batch_size", 0, "--batch-size"),
+     ("lr", 0.0, "--lr"), ("weight_decay", -0.1, "--weight-decay")],
+)
+def test_bad_values_name_the_flag_and_range(field, value, flag):
+    model = tiny_llama()
+    with pytest.raises(InvalidOptionError) as caught:
+        TrainConfig(**{field: value}).validate(max_positions=max_positions(model))
+    assert caught.value.param == field and flag in caught.value.message
+    if field == "seq_len":
+        assert "2 to 255" in caught.value.message and "256" in caught.value.message
+
+
+def test_corpus_too_small_for_one_batch():
+    with pytest.raises(InvalidCorpusError) as caught:
+        TokenWindows(_stream(40), base_vocab_size=BASE_VOCAB, batch_size=4, seq_len=16)
+    assert caught.value.param == "corpus" and "--batch-size" in caught.value.message
+
+
+def test_windows_are_a_function_of_the_step():
+    tokens = _stream()
+    centred = TokenWindows(tokens, base_vocab_size=BASE_VOCAB, batch_size=4, seq_len=32, sampling="centred")
+    again = TokenWindows(tokens, base_vocab_size=BASE_VOCAB, batch_size=4, seq_len=32, sampling="centred")
+    assert torch.equal(centred.batch(7), again.batch(7)) and not torch.equal(centred.batch(7), centred.batch(8))
+    for step in range(20):  # the occurrence sits in the middle half of every centred window
+        batch = centred.batch(step)
+        assert (batch[:, 8:26] >= BASE_VOCAB).any(dim=1).all()
+    sequential = TokenWindows(tokens, base_vocab_size=BASE_VOCAB, batch_size=4, seq_len=32, sampling="sequential")
+    assert torch.equal(sequential.batch(0)[1], tokens[33:66])  # consecutive windows of seq_len + 1
+    mixed = TokenWindows(tokens, base_vocab_size=BASE_VOCAB, batch_size=4, seq_len=32, sampling="mixed")
+    batch = mixed.batch(3)  # half centred, half the next consecutive windows (6 and 7 at step 3)
+    assert (batch[:2, 8:26] >= BASE_VOCAB).any(dim=1).all()
+    assert torch.equal(batch[2], tokens[6 * 33 : 7 * 33]) and torch.equal(batch[3], tokens[7 * 33 : 8 * 33])
+    no_new = TokenWindows(tokens.clamp(max=BASE_VOCAB - 1), base_vocab_size=BASE_VOCAB, batch_size=4, seq_len=32)
+    assert no_new.sampling == "sequential"
+
+
+def test_window_prefix_is_prepended():
+    tokens = _stream()
+    data = TokenWindows(tokens, base_vocab_size=BASE_VOCAB, batch_size=2, seq_len=16, sampling="sequential", prefix=[1])
+    batch = data.batch(0)
+    assert batch.shape == (2, 17) and (batch[:, 0] == 1).all() and torch.equal(batch[0, 1:], tokens[:16])
