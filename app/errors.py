@@ -48,13 +48,26 @@ def _param_from_loc(loc: tuple[Any, ...]) -> str | None:
     return name or None
 
 
+_JSON_TYPES = {
+    "NoneType": "null",
+    "list": "an array",
+    "str": "a string",
+    "int": "a number",
+    "float": "a number",
+    "bool": "true/false",
+    "bytes": "a body that is not JSON (send Content-Type: application/json)",
+}
+
+
 def _validation_message(error: dict[str, Any], param: str | None) -> tuple[str, str]:
     kind = error.get("type", "")
     where = param or "request"
     if kind == "json_invalid":
         detail = (error.get("ctx") or {}).get("error", "syntax error")
+        offset = error.get("loc", (None, None))[-1]
+        at = f" at character {offset}" if isinstance(offset, int) else ""
         return "malformed_json", (
-            f"the request body is not valid JSON ({detail}); send one JSON object with "
+            f"the request body is not valid JSON ({detail}{at}); send one JSON object with "
             "Content-Type: application/json"
         )
     if kind == "missing" and where == "body":
@@ -64,14 +77,17 @@ def _validation_message(error: dict[str, Any], param: str | None) -> tuple[str, 
     if kind == "extra_forbidden":
         return "invalid_request", f"{where} is not a known field; remove it or check its spelling against /docs"
     if kind == "model_attributes_type" or kind == "dict_type":
-        return "invalid_request", f"{where} must be a JSON object; got {type(error.get('input')).__name__}"
+        got = _JSON_TYPES.get(type(error.get("input")).__name__, "another type")
+        return "invalid_request", f"{where} must be a JSON object; got {got}"
     return "invalid_request", f"{where}: {error.get('msg', 'invalid value')}; fix the value (see /docs for the allowed range)"
 
 
 async def _validation_handler(_request: Request, exc: RequestValidationError) -> JSONResponse:
     errors = exc.errors()
     first = errors[0] if errors else {}
-    param = _param_from_loc(tuple(first.get("loc", ())))
+    loc = tuple(first.get("loc", ()))
+    # a JSON syntax error's location is ("body", character offset): the body is what to fix
+    param = "body" if first.get("type") == "json_invalid" else _param_from_loc(loc)
     code, message = _validation_message(first, param)
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
