@@ -95,7 +95,6 @@ async def _validation_handler(_request: Request, exc: RequestValidationError) ->
 
 
 _HTTP_CODES = {
-    400: "bad_request",
     401: "unauthorized",
     403: "forbidden",
     404: "not_found",
@@ -110,6 +109,14 @@ _HTTP_CODES = {
 
 
 async def _http_handler(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 400:
+        # FastAPI's only 400: a body it could not even decode (e.g. not UTF-8). Same answer as
+        # any other malformed JSON.
+        return error_response(
+            422, "malformed_json",
+            "the request body could not be read as JSON (is it UTF-8?); send one JSON object with Content-Type: application/json",
+            "body",
+        )
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     if exc.status_code == 404:
         message = f"no route {request.url.path}; see /docs for the API"

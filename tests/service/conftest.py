@@ -85,10 +85,17 @@ def build_tiny_model(target: Path) -> None:
 def service_settings(tmp_path_factory, redis_url):
     from app.settings import Settings
 
+    from filelock import FileLock
+
     data_dir = tmp_path_factory.mktemp("tide-service")
     models_dir = data_dir / "models"
     models_dir.mkdir()
-    build_tiny_model(models_dir / TINY_MODEL)
+    cached = CACHE / "service-tiny-llama"  # built once per checkout (a few seconds)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cached) + ".lock"):
+        if not (cached / "config.json").exists():
+            build_tiny_model(cached)
+    (models_dir / TINY_MODEL).symlink_to(cached, target_is_directory=True)
     return Settings(
         data_dir=data_dir,
         cache_dir=CACHE,  # the converted SmolLM2 is shared with the rest of the suite

@@ -259,3 +259,41 @@ def test_models_lists_builtins_and_local(client, auth):
 
 def test_healthz_needs_no_key(client):
     assert client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_body_that_is_not_utf8_is_malformed_json(client, auth):
+    response = client.post("/extend", content=b'{"base_model": "\xff\xfe"}', headers={**auth, "Content-Type": "application/json"})
+    assert_error(response, 422, "body", "malformed_json")
+
+
+def _side_app(service_settings, tmp_path, **update):
+    from app.main import create_app
+
+    return create_app(service_settings.model_copy(update={"data_dir": tmp_path, "readyz_timeout_s": 0.3, **update}))
+
+
+def test_readyz_names_what_is_missing(service_settings, tmp_path):
+    from fastapi.testclient import TestClient
+
+    lonely = _side_app(service_settings, tmp_path / "a", queue="tide-nobody-listens")
+    error = assert_error(TestClient(lonely).get("/readyz"), 503, None, "not_ready")
+    assert "no worker" in error["message"] and "tide-nobody-listens" in error["message"]
+    unreachable = _side_app(service_settings, tmp_path / "b", redis_url="redis://127.0.0.1:1/0")
+    error = assert_error(TestClient(unreachable).get("/readyz"), 503, None, "not_ready")
+    assert "Redis" in error["message"]
+
+
+def test_submit_while_redis_is_down_keeps_the_job_and_says_so(service_settings, tmp_path):
+    from fastapi.testclient import TestClient
+
+    from app.db.keys import create_key
+
+    side = _side_app(service_settings, tmp_path, redis_url="redis://127.0.0.1:1/0")
+    with side.state.sessions() as session:
+        headers = {"Authorization": f"Bearer {create_key(session, 'x')[1]}"}
+    client = TestClient(side)
+    response = submit(client, headers, {"base_model": TINY_MODEL, "terms": ["multiprogramming"]})
+    assert response.status_code == 202
+    events = client.get(f"/jobs/{response.json()['id']}/events", headers=headers).json()["data"]
+    assert [e["kind"] for e in events] == ["status", "warning"]
+    assert "queue" in events[1]["payload"]["message"]
