@@ -14,10 +14,10 @@ class JobQueue:
         self.settings = settings
         self.celery = make_celery(settings)
 
-    def send(self, job_id: str) -> None:
+    def send(self, job_id: str, base_model: str | None = None) -> None:
         from worker.celery_app import TASK_NAME
 
-        self.celery.send_task(TASK_NAME, args=[job_id], queue=self.settings.queue)
+        self.celery.send_task(TASK_NAME, args=[job_id], queue=self.settings.queue_for(base_model))
 
     def ping_redis(self) -> None:
         client = redis.Redis.from_url(self.settings.redis_url, socket_timeout=self.settings.readyz_timeout_s, socket_connect_timeout=self.settings.readyz_timeout_s)

@@ -40,6 +40,11 @@ class Settings(BaseSettings):
     # queue
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis URL of the Celery broker")
     queue: str = Field("gpu", description="Celery queue that GPU jobs are sent to and the worker consumes")
+    model_queues: dict[str, str] = Field(
+        default_factory=dict,
+        description='Jobs of these base models go to these queues instead of TIDE_QUEUE, as JSON, e.g. {"my-7b": "gpu-80g"}: '
+        "routes big models to the hosts whose workers consume that queue (their TIDE_QUEUE)",
+    )
 
     # request limits
     max_terms: int = Field(1000, ge=1, description="Most terms one POST /extend may list")
@@ -105,6 +110,10 @@ class Settings(BaseSettings):
     def visibility_timeout_s(self) -> int:
         # Redis redelivers an unacknowledged message after this; it must outlast the longest job.
         return self.job_time_limit_s + 3600
+
+    def queue_for(self, base_model: str | None) -> str:
+        """The queue a job of this base model is sent to (docs/deploy.md: routing by GPU size)."""
+        return self.model_queues.get(base_model or "", self.queue)
 
     def model_sources(self) -> ModelSources:
         return ModelSources(

@@ -31,9 +31,9 @@ def sweep(settings: Settings, sessions: sessionmaker[Session], queue) -> dict[st
     now = utcnow()
     counts = {"resent": 0, "taken_over": 0, "cancelled": 0, "expired": 0, "uploads_deleted": 0}
     with sessions() as db:
-        unsent = db.scalars(select(Job.id).where(Job.status == "queued", Job.enqueued_at.is_(None), Job.created_at < now - _UNSENT_GRACE))
-        for job_id in list(unsent):
-            if _send(db, queue, job_id):
+        unsent = db.execute(select(Job.id, Job.base_model).where(Job.status == "queued", Job.enqueued_at.is_(None), Job.created_at < now - _UNSENT_GRACE))
+        for job_id, base_model in list(unsent):
+            if _send(db, queue, job_id, base_model):
                 counts["resent"] += 1
 
         dead = select(Job).where(Job.status.in_(("running", "cancelling")), Job.lease_expires_at < now)
@@ -50,7 +50,7 @@ def sweep(settings: Settings, sessions: sessionmaker[Session], queue) -> dict[st
                     db.commit()
                     counts["cancelled"] += 1
             elif job.enqueued_at is None or job.enqueued_at < job.lease_expires_at:
-                if _send(db, queue, job.id):
+                if _send(db, queue, job.id, job.base_model):
                     counts["taken_over"] += 1
 
         expired = select(Job).where(Job.status.in_(TERMINAL), Job.artifacts_deleted.is_(False), Job.expires_at < now)
@@ -75,9 +75,9 @@ def sweep(settings: Settings, sessions: sessionmaker[Session], queue) -> dict[st
     return counts
 
 
-def _send(db: Session, queue, job_id: str) -> bool:
+def _send(db: Session, queue, job_id: str, base_model: str) -> bool:
     try:
-        queue.send(job_id)
+        queue.send(job_id, base_model)
     except Exception as exc:
         log.warning("sweep: could not queue %s: %s", job_id, exc)
         return False

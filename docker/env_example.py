@@ -9,6 +9,7 @@ The variables that only docker compose reads are listed by hand below.
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import textwrap
@@ -46,6 +47,17 @@ def _comment(text: str) -> list[str]:
     return ["# " + line for line in textwrap.wrap(text, width=96)]
 
 
+def _env_value(value: object) -> str:
+    """A default as pydantic-settings reads it back from the environment."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
 def render() -> str:
     compose_env = compose_environment()
     lines = [
@@ -72,7 +84,7 @@ def render() -> str:
             lines += _comment(f"Fixed to {value} by docker-compose.yml (a volume's mount point).")
             default = value
         else:
-            default = "" if field.default is None else str(field.default).lower() if isinstance(field.default, bool) else str(field.default)
+            default = _env_value(field.get_default(call_default_factory=True))
         lines.append(f"#{env_name}={default}")
     return "\n".join(lines) + "\n"
 

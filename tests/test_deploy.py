@@ -8,6 +8,7 @@ scripts are run for real against a real `tide serve`, a real `tide worker` and t
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -209,6 +210,35 @@ def test_main_host_override_protects_redis_and_publishes_on_the_private_address(
         assert options["device"] == f":/srv/tide/{name}"
 
 
+def test_jobs_are_routed_to_queues_by_base_model(tmp_path, monkeypatch):
+    """docs/deploy.md's routing by GPU size: TIDE_MODEL_QUEUES in .env, through compose, into Redis."""
+    import redis
+
+    from app.queue import JobQueue
+
+    tag = uuid.uuid4().hex[:8]
+    default, big = f"deploy-test-gpu-{tag}", f"deploy-test-gpu-80g-{tag}"
+    config = compose_config(tmp_path, COMPOSE, TIDE_QUEUE=default, TIDE_MODEL_QUEUES=json.dumps({"my-7b": big}))
+    for name, value in config["services"]["api"]["environment"].items():
+        if value is not None:
+            monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TIDE_REDIS_URL", REDIS_URL)
+    settings = Settings(_env_file=None)
+    queue = JobQueue(settings)
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        queue.send(f"job-big-{tag}", "my-7b")
+        queue.send(f"job-small-{tag}", "smollm2-135m")
+        queue.send(f"job-unknown-{tag}")
+        # Celery's Redis transport keeps each queue as a list of that name.
+        assert client.llen(big) == 1 and f"job-big-{tag}".encode() in client.lindex(big, 0)
+        assert client.llen(default) == 2
+    finally:
+        queue.close()
+        client.delete(big, default, f"_kombu.binding.{big}", f"_kombu.binding.{default}")
+        client.close()
+
+
 # ---- commands ---------------------------------------------------------------------------------
 
 
@@ -255,19 +285,25 @@ def test_env_example_documents_every_setting_and_every_compose_variable():
     assert _compose_variables() - set(names) == set(), hint
 
 
-def test_env_example_values_are_valid_settings_and_reach_the_containers(tmp_path):
-    """Uncomment every TIDE_* line of .env.example: compose must accept it and the app must too."""
-    lines = (REPO / ".env.example").read_text().splitlines()
+def test_env_example_values_are_valid_settings_and_reach_the_containers(tmp_path, monkeypatch):
+    """Uncomment every TIDE_* line of .env.example that has a value: compose passes each one into
+    the containers unchanged, and the app accepts them all."""
+    uncommented = dict(re.findall(r"^#(TIDE_\w+)=(.+)$", (REPO / ".env.example").read_text(), re.M))
     env_file = tmp_path / ".env"
-    env_file.write_text("\n".join(line[1:] for line in lines if re.match(r"^#TIDE_\w+=.", line)) + "\nCOMPOSE_PROFILES=postgres\n")
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in uncommented.items()) + "COMPOSE_PROFILES=postgres\n")
     done = subprocess.run(
         [_tool("docker-compose"), "--env-file", str(env_file), "-f", str(COMPOSE), "config"],
         cwd=REPO, env=_clean_env(), capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 0, done.stderr
     env = yaml.safe_load(done.stdout)["services"]["api"]["environment"]
-    settings = Settings(_env_file=None, **{k.removeprefix("TIDE_").lower(): v for k, v in env.items() if v is not None})
+    assert {k: env[k] for k in uncommented} == uncommented
+    for name, value in env.items():
+        if value is not None:
+            monkeypatch.setenv(name, value)
+    settings = Settings(_env_file=None)  # the environment, parsed the way the containers parse it
     assert settings.max_terms == Settings.model_fields["max_terms"].default
+    assert settings.model_queues == {}
     assert str(settings.resolved_artifacts_dir) == "/data/artifacts"
 
 

@@ -37,7 +37,7 @@ def owned_job(db, key, job_id: str) -> Job:
 
 def enqueue(db, queue, job: Job) -> None:
     try:
-        queue.send(job.id)
+        queue.send(job.id, job.base_model)
     except Exception as exc:
         # The job is safely stored; the sweeper re-sends jobs that never reached the queue.
         log.warning("could not queue %s: %s", job.id, exc)
