@@ -34,7 +34,6 @@ def make_celery(settings: Settings) -> Celery:
         task_soft_time_limit=settings.job_time_limit_s,
         task_time_limit=settings.job_time_limit_s + 120,
         broker_connection_retry_on_startup=True,
-        worker_hijack_root_logger=False,
         worker_send_task_events=False,
         task_serializer="json",
         accept_content=["json"],

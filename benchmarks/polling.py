@@ -1,0 +1,285 @@
+"""Status polling under load: 100 concurrent clients on loopback, idle and while a job trains,
+plus the time from submit to a worker starting the job.
+
+Everything is real: `tide serve` (uvicorn) and `tide worker` (Celery prefork) as subprocesses,
+Redis at 127.0.0.1:6379 (database 14, a queue of this run's own), SQLite, the real SmolLM2-135M.
+The clients run in a separate process (asyncio + httpx) so their CPU is not the server's.
+
+    .venv/bin/python benchmarks/polling.py            # writes benchmarks/results/polling.md
+    .venv/bin/python benchmarks/polling.py --seconds 5 --out /tmp/polling.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TIDE = str(Path(sys.executable).with_name("tide"))
+
+
+# -- the load generator (runs in its own process) ---------------------------------------------
+
+async def _poll(url: str, key: str, clients: int, seconds: float, warmup: float) -> dict:
+    import httpx
+
+    latencies: list[float] = []
+    errors = 0
+    headers = {"Authorization": f"Bearer {key}"}
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(limits=limits, timeout=30.0) as client:
+        start = time.perf_counter()
+        measure_from = start + warmup
+        stop = measure_from + seconds
+
+        async def one_client() -> None:
+            nonlocal errors
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= stop:
+                    return
+                try:
+                    response = await client.get(url, headers=headers)
+                    ok = response.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                t1 = time.perf_counter()
+                if t0 >= measure_from:
+                    if ok:
+                        latencies.append(t1 - t0)
+                    else:
+                        errors += 1
+
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+    return _summary(latencies, errors, seconds)
+
+
+def _summary(latencies: list[float], errors: int, seconds: float) -> dict:
+    ordered = sorted(latencies)
+
+    def pct(p: float) -> float:
+        return ordered[min(len(ordered) - 1, int(p * len(ordered)))] * 1000 if ordered else float("nan")
+
+    return {
+        "requests": len(ordered), "errors": errors, "rps": len(ordered) / seconds,
+        "p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99), "max_ms": ordered[-1] * 1000 if ordered else float("nan"),
+        "mean_ms": statistics.fmean(ordered) * 1000 if ordered else float("nan"),
+    }
+
+
+def run_clients(url: str, key: str, clients: int, seconds: float) -> dict:
+    """Spawn the load generator as a separate process and return its measurements."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--client", url, key, str(clients), str(seconds)],
+        capture_output=True, text=True, check=True, cwd=REPO,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# -- the service under test ------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Service:
+    def __init__(self, data_dir: Path):
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("TIDE_")}
+        self.env.update({
+            "TIDE_DATA_DIR": str(data_dir),
+            "TIDE_CACHE_DIR": str(REPO / ".cache"),
+            "TIDE_REDIS_URL": "redis://127.0.0.1:6379/14",
+            "TIDE_QUEUE": f"tide-bench-{uuid.uuid4().hex[:10]}",
+        })
+        self.logs = data_dir / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> None:
+        for name, argv in (("api", ["serve", "--port", str(self.port), "--log-level", "warning"]), ("worker", ["worker", "--loglevel", "warning"])):
+            log = (self.logs / f"{name}.log").open("wb")
+            self.procs.append(subprocess.Popen([TIDE, *argv], env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        import httpx
+
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.base + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("service did not become ready; see " + str(self.logs))
+
+    def key(self) -> str:
+        out = subprocess.run([TIDE, "keys", "create", "bench"], env=self.env, cwd=REPO, capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+
+    def stop(self) -> None:
+        import signal
+
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        import redis
+
+        client = redis.Redis.from_url(self.env["TIDE_REDIS_URL"])
+        for key in client.scan_iter(match=f"*{self.env['TIDE_QUEUE']}*"):
+            client.delete(key)
+
+
+class Api:
+    def __init__(self, base: str, key: str):
+        import httpx
+
+        self.client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30)
+
+    def submit(self, body: dict) -> dict:
+        response = self.client.post("/extend", json=body)
+        response.raise_for_status()
+        return response.json()
+
+    def job(self, job_id: str) -> dict:
+        return self.client.get(f"/jobs/{job_id}").json()
+
+    def cancel(self, job_id: str) -> None:
+        self.client.post(f"/jobs/{job_id}/cancel")
+
+    def wait(self, job_id: str, done, timeout: float = 600, interval: float = 0.02) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            job = self.job(job_id)
+            if done(job):
+                return job
+            time.sleep(interval)
+        raise RuntimeError(f"timed out waiting on {job_id}: {job}")
+
+
+FINISHED = {"succeeded", "failed", "cancelled"}
+
+
+def submit_to_start(api: Api, repeats: int) -> list[dict]:
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        job = api.submit({"base_model": "smollm2-135m", "terms": ["immunohistochemistry"], "training": {"steps": 1}})
+        running = api.wait(job["id"], lambda j: j["status"] != "queued")
+        seen = time.perf_counter() - t0
+        server = (datetime.fromisoformat(running["started_at"]) - datetime.fromisoformat(running["created_at"])).total_seconds()
+        api.cancel(job["id"])
+        api.wait(job["id"], lambda j: j["status"] in FINISHED, interval=0.2)
+        samples.append({"job_id": job["id"], "server_s": server, "client_s": seen})
+        time.sleep(1.0)  # let the pool replace its child (one task per child) before the next
+    return samples
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--starts", type=int, default=5, help="submit-to-start samples")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "polling.md")
+    parser.add_argument("--client", nargs=4, metavar=("URL", "KEY", "CLIENTS", "SECONDS"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.client:
+        url, key, clients, seconds = args.client
+        print(json.dumps(asyncio.run(_poll(url, key, int(clients), float(seconds), warmup=2.0))))
+        return 0
+
+    with tempfile.TemporaryDirectory(prefix="tide-bench-") as tmp:
+        service = Service(Path(tmp))
+        service.start()
+        try:
+            api = Api(service.base, service.key())
+            starts = submit_to_start(api, args.starts)
+
+            # idle: a finished job, nothing training
+            key = api.client.headers["Authorization"].split()[1]
+            idle = run_clients(f"{service.base}/jobs/{starts[-1]['job_id']}", key, args.clients, args.seconds)
+
+            # training: clients poll the job that is training right now
+            train = api.submit({"base_model": "smollm2-135m", "terms": ["immunohistochemistry", "pharmacokinetics"],
+                                "training": {"steps": 20_000, "batch_size": 4, "seq_len": 128, "checkpoint_every": 10_000}})
+            api.wait(train["id"], lambda j: j["stage"] == "train" and j["progress"]["step"] >= 2, interval=0.5)
+            step_before = api.job(train["id"])["progress"]["step"]
+            t0 = time.perf_counter()
+            busy = run_clients(f"{service.base}/jobs/{train['id']}", key, args.clients, args.seconds)
+            window = time.perf_counter() - t0
+            step_after = api.job(train["id"])["progress"]["step"]
+            api.cancel(train["id"])
+            api.wait(train["id"], lambda j: j["status"] in FINISHED, interval=0.5)
+        finally:
+            service.stop()
+
+    report = render(args, idle, busy, starts, step_after - step_before, window)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report)
+    print(report)
+    return 0
+
+
+def render(args, idle: dict, busy: dict, starts: list[dict], steps: int, window: float) -> str:
+    ratio = busy["p99_ms"] / idle["p99_ms"]
+    verdict = "meets" if ratio <= 2.0 else "MISSES"
+    rows = "\n".join(
+        f"| {name} | {r['requests']} | {r['errors']} | {r['rps']:.0f} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} |"
+        for name, r in (("idle", idle), ("while training", busy))
+    )
+    server = [s["server_s"] * 1000 for s in starts]
+    client = [s["client_s"] * 1000 for s in starts]
+    return f"""# Status polling under load
+
+Command: `.venv/bin/python benchmarks/polling.py --clients {args.clients} --seconds {args.seconds:g} --starts {args.starts}`
+Machine: {os.cpu_count()} CPU cores, no GPU, Python {platform.python_version()}, {platform.platform()}.
+Run: {datetime.now().isoformat(timespec='seconds')}.
+
+Setup: `tide serve` (one uvicorn process) and `tide worker` (Celery prefork, one job child at
+nice {os.environ.get('TIDE_WORKER_NICE', '10')}) as subprocesses, Redis on loopback, SQLite in WAL mode. {args.clients} concurrent
+clients (asyncio + httpx, keep-alive) in a separate process poll `GET /jobs/{{id}}` as fast as
+they can for {args.seconds:g} s after a 2 s warm-up. "While training" polls the job that is training:
+SmolLM2-135M, batch 4 × 128 tokens, on the same two cores; it advanced {steps} steps during the
+{window:.0f} s window, so it really was training.
+
+| scenario | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms |
+| --- | --- | --- | --- | --- | --- | --- | --- |
+{rows}
+
+p99 while training / p99 idle = **{ratio:.2f}×** — {verdict} the target of ≤ 2×.
+
+Submit to start (worker idle; {len(starts)} jobs): the server's `started_at - created_at` (message
+through Redis, the pre-forked child claims the job) median {statistics.median(server):.0f} ms,
+max {max(server):.0f} ms; as a client sees it (POST until a poll says `running`, polling every
+20 ms) median {statistics.median(client):.0f} ms, max {max(client):.0f} ms.
+
+Latency under 100 concurrent clients is queueing: one request takes about
+{1000 / idle['rps']:.1f} ms of server time at {idle['rps']:.0f} req/s, so 100 outstanding requests wait
+about {100 * 1000 / idle['rps']:.0f} ms — p50 is throughput-bound, not slow per request. The training
+child runs at a lower CPU priority (`TIDE_WORKER_NICE`), which is what keeps polling latency
+close to idle on a host where API and worker share cores; on a GPU host the job mostly waits on
+the GPU anyway.
+"""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

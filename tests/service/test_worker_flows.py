@@ -1,0 +1,184 @@
+"""Whole jobs through the real API, Redis, `tide worker` process and SQLite database: a terms job
+and a corpus job on a tiny random Llama (real byte-level BPE tokenizer) saved as a local model,
+cancel, duplicate delivery, takeover after the job process is killed, and one end-to-end job on
+the real SmolLM2-135M with the smallest budget."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import signal
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import TINY_MODEL, foldoc_documents, wait_for_status
+
+pytestmark = pytest.mark.slow
+
+TERMS = ["multiprogramming", "microprocessor", "hypertext"]
+SMALL = {"steps": 4, "batch_size": 2, "seq_len": 64, "warmup_steps": 0, "checkpoint_every": 2}
+
+
+def _submit(client, auth, body) -> dict:
+    response = client.post("/extend", json=body, headers=auth)
+    assert response.status_code == 202, response.text
+    return response.json()
+
+
+def _events(client, auth, job_id: str) -> list[dict]:
+    return client.get(f"/jobs/{job_id}/events", params={"limit": 1000}, headers=auth).json()["data"]
+
+
+def _download_resumably(client, auth, url: str, size: int) -> bytes:
+    """Fetch in two Range requests, as a resumed download would."""
+    half = size // 2
+    first = client.get(url, headers={**auth, "Range": f"bytes=0-{half - 1}"})
+    assert first.status_code == 206 and first.headers["content-range"] == f"bytes 0-{half - 1}/{size}"
+    rest = client.get(url, headers={**auth, "Range": f"bytes={half}-"})
+    assert rest.status_code == 206
+    return first.content + rest.content
+
+
+def _unpack_and_verify(client, auth, job: dict, target: Path) -> Path:
+    manifest = client.get(job["artifacts"]["manifest_url"], headers=auth).json()
+    archive = manifest["archive"]
+    data = _download_resumably(client, auth, archive["url"], archive["size"])
+    assert len(data) == archive["size"] and hashlib.sha256(data).hexdigest() == archive["sha256"]
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(target, filter="data")
+    root = target / job["id"]
+    paths = {f["path"] for f in manifest["files"]}
+    assert {"model.safetensors", "config.json", "tokenizer.json", "tide_extension.json"} <= paths
+    for entry in manifest["files"]:
+        blob = (root / entry["path"]).read_bytes()
+        assert len(blob) == entry["size"] and hashlib.sha256(blob).hexdigest() == entry["sha256"], entry["path"]
+    # single files resume too
+    config = next(f for f in manifest["files"] if f["path"] == "config.json")
+    assert _download_resumably(client, auth, config["url"], config["size"]) == (root / "config.json").read_bytes()
+    return root
+
+
+def _assert_terms_are_single_tokens(root: Path, terms: list[str]) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(root)
+    model = AutoModelForCausalLM.from_pretrained(root)
+    assert model.get_input_embeddings().weight.shape[0] % 64 == 0
+    for term in terms:
+        assert len(tokenizer.encode(term, add_special_tokens=False)) == 1, term
+        assert len(tokenizer.encode(" " + term, add_special_tokens=False)) == 1, term
+
+
+def test_readyz_sees_the_worker(client, worker):
+    ready = client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["workers"] >= 1
+
+
+def test_terms_job_end_to_end(client, auth, worker, tmp_path, service_settings):
+    from transformers import AutoTokenizer
+
+    base = AutoTokenizer.from_pretrained(service_settings.resolved_models_dir / TINY_MODEL)
+    assert all(len(base.encode(t, add_special_tokens=False)) > 1 for t in TERMS)
+    job = _submit(client, auth, {"base_model": TINY_MODEL, "terms": TERMS, "training": SMALL})
+    done = wait_for_status(client, auth, job["id"], {"succeeded", "failed", "cancelled"}, 240, worker)
+    assert done["status"] == "succeeded", (done["error"], worker.log_tail())
+    assert done["progress"] == {"step": 4, "total": 4, "percent": 100.0}
+    assert done["attempt"] == 1 and done["metrics"] and done["error"] is None
+    stages = [e["payload"]["stage"] for e in _events(client, auth, job["id"]) if e["kind"] == "stage"]
+    assert stages == ["load", "extend", "init", "train", "evaluate", "publish"]
+    root = _unpack_and_verify(client, auth, done, tmp_path)
+    _assert_terms_are_single_tokens(root, TERMS)
+    # the work folder (checkpoints) is gone once the job is done; DELETE removes the artifacts
+    assert not (service_settings.resolved_work_dir / job["id"]).exists()
+    assert client.delete(f"/jobs/{job['id']}", headers=auth).status_code == 204
+    assert not (service_settings.resolved_artifacts_dir / job["id"]).exists()
+
+
+def test_corpus_job_mines_terms(client, auth, worker):
+    text = "\n\n".join(foldoc_documents(400, skip=3000)).encode("utf-8")
+    stored = client.post("/files", files={"file": ("foldoc.txt", text)}, headers=auth).json()
+    job = _submit(client, auth, {
+        "base_model": TINY_MODEL, "corpus_file_id": stored["id"], "mining": {"max_new_tokens": 20, "min_frequency": 3},
+        "training": SMALL,
+    })
+    done = wait_for_status(client, auth, job["id"], {"succeeded", "failed", "cancelled"}, 300, worker)
+    assert done["status"] == "succeeded", (done["error"], worker.log_tail())
+    assert done["mined_terms"] and len(done["mined_terms"]) <= 20
+    kinds = {e["kind"] for e in _events(client, auth, job["id"])}
+    assert "mined_terms" in kinds
+    stages = [e["payload"]["stage"] for e in _events(client, auth, job["id"]) if e["kind"] == "stage"]
+    assert stages[:2] == ["load", "mine"]
+
+
+def test_cancel_a_running_job(client, auth, worker, service_settings):
+    job = _submit(client, auth, {"base_model": TINY_MODEL, "terms": TERMS, "training": {**SMALL, "steps": 20_000, "checkpoint_every": 1000}})
+    _wait_for_training(client, auth, job["id"], worker, min_step=2)
+    cancelling = client.post(f"/jobs/{job['id']}/cancel", headers=auth).json()
+    assert cancelling["status"] in ("cancelling", "cancelled")
+    done = wait_for_status(client, auth, job["id"], {"succeeded", "failed", "cancelled"}, 60, worker)
+    assert done["status"] == "cancelled" and done["progress"]["step"] < 20_000
+    assert done["artifacts"] is None
+    assert not (service_settings.resolved_artifacts_dir / job["id"] / "model").exists()
+    error = client.get(f"/jobs/{job['id']}/artifacts", headers=auth).json()["error"]
+    assert error["code"] == "job_not_succeeded"
+
+
+def test_the_same_message_twice_runs_the_job_once(client, auth, worker, app):
+    job = _submit(client, auth, {"base_model": TINY_MODEL, "terms": ["multiprocessing"], "training": {**SMALL, "steps": 2}})
+    app.state.queue.send(job["id"])  # a second delivery of the same job
+    done = wait_for_status(client, auth, job["id"], {"succeeded", "failed", "cancelled"}, 240, worker)
+    assert done["status"] == "succeeded", (done["error"], worker.log_tail())
+    _wait_for_log(worker, f"job {job['id']} not run: already succeeded", 60)
+    runs = [e for e in _events(client, auth, job["id"]) if e["kind"] == "status" and e["payload"]["status"] == "running"]
+    assert len(runs) == 1 and done["attempt"] == 1
+
+
+def test_a_killed_job_process_is_taken_over_and_resumes(client, auth, worker):
+    job = _submit(client, auth, {"base_model": TINY_MODEL, "terms": TERMS, "training": {**SMALL, "steps": 400, "checkpoint_every": 5}})
+    _wait_for_training(client, auth, job["id"], worker, min_step=12)
+    children = worker.children()
+    assert len(children) == 1, children
+    os.kill(children[0], signal.SIGKILL)  # the job's process dies mid-training (OOM killer, crash)
+    done = wait_for_status(client, auth, job["id"], {"succeeded", "failed", "cancelled"}, 300, worker)
+    assert done["status"] == "succeeded", (done["error"], worker.log_tail())
+    assert done["attempt"] == 2
+    events = _events(client, auth, job["id"])
+    resumed = [e for e in events if e["kind"] == "train_resumed"]
+    assert resumed and resumed[0]["payload"]["step"] >= 10
+
+
+def test_smollm2_end_to_end_smallest_budget(client, auth, worker, tmp_path):
+    terms = ["immunohistochemistry", "pharmacokinetics"]
+    job = _submit(client, auth, {
+        "base_model": "smollm2-135m", "terms": terms,
+        "training": {"steps": 1, "batch_size": 1, "seq_len": 32, "warmup_steps": 0},
+    })
+    done = wait_for_status(client, auth, job["id"], {"succeeded", "failed", "cancelled"}, 900, worker)
+    assert done["status"] == "succeeded", (done["error"], worker.log_tail())
+    root = _unpack_and_verify(client, auth, done, tmp_path)
+    _assert_terms_are_single_tokens(root, terms)
+
+
+def _wait_for_training(client, auth, job_id: str, worker, min_step: int, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"/jobs/{job_id}", headers=auth).json()
+        assert job["status"] in ("queued", "running"), job
+        if job["stage"] == "train" and job["progress"]["step"] >= min_step:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} did not reach training step {min_step}: {job}\n{worker.log_tail()}")
+
+
+def _wait_for_log(worker, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in worker.log_path.read_text(errors="replace"):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"worker log never said {text!r}:\n{worker.log_tail()}")
