@@ -99,7 +99,7 @@ def test_terms_job_end_to_end(client, auth, worker, tmp_path, service_settings):
     assert not (service_settings.resolved_artifacts_dir / job["id"]).exists()
 
 
-def test_corpus_job_mines_terms(client, auth, worker):
+def test_corpus_job_mines_terms_and_its_artifacts_expire(client, auth, worker, app, service_settings):
     text = "\n\n".join(foldoc_documents(400, skip=3000)).encode("utf-8")
     stored = client.post("/files", files={"file": ("foldoc.txt", text)}, headers=auth).json()
     job = _submit(client, auth, {
@@ -113,6 +113,24 @@ def test_corpus_job_mines_terms(client, auth, worker):
     assert "mined_terms" in kinds
     stages = [e["payload"]["stage"] for e in _events(client, auth, job["id"]) if e["kind"] == "stage"]
     assert stages[:2] == ["load", "mine"]
+
+    # past its expiry the sweeper deletes the files; the API then says 410
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from app.db.models import Job, utcnow
+
+    assert done["artifacts"]["expires_at"] is not None
+    with app.state.sessions() as db:
+        db.execute(update(Job).where(Job.id == job["id"]).values(expires_at=utcnow() - timedelta(seconds=1)))
+        db.commit()
+    deadline = time.monotonic() + 15
+    while client.get(f"/jobs/{job['id']}/artifacts", headers=auth).status_code != 410:
+        assert time.monotonic() < deadline, "the sweeper did not expire the artifacts"
+        time.sleep(0.2)
+    assert not (service_settings.resolved_artifacts_dir / job["id"]).exists()
+    assert client.get(f"/jobs/{job['id']}", headers=auth).json()["artifacts"] is None
 
 
 def test_cancel_a_running_job(client, auth, worker, service_settings):
