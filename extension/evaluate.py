@@ -1,0 +1,435 @@
+"""Before/after metrics of an extension: bits per byte, tokens per byte, new-token usage.
+
+Two tokenizers cut the same text into different numbers of tokens, so loss per token cannot
+compare them; loss per UTF-8 byte can. Bits per byte = total next-token NLL / (ln 2 x bytes).
+
+How text is scored, identically for every tokenizer:
+- Each document is scored from its start, cut into chunks of at most `chunk_bytes` UTF-8 bytes.
+  Cuts depend only on the text (never on tokens), so both tokenizers see exactly the same string
+  per chunk. A cut goes just before the last whitespace in the window when there is one in its
+  second half, so a word keeps its natural leading-space form (" word") in the next chunk;
+  otherwise at the last character boundary.
+- Every chunk is encoded without special tokens and scored after ONE context token: the
+  tokenizer's BOS, or its EOS when it has no BOS (GPT-2 style document separator). The special
+  tokens are base tokens, so the base and the extended tokenizer use the same context id, and the
+  first token of each chunk is scored, under that same context, by both. No byte goes unscored.
+- Tokens per byte and new-token usage count the tokens of the same chunks.
+
+Big vocabularies: the full [batch, seq, vocab] logits are never built. The decoder's hidden
+states are computed once per batch and the head + log-softmax run over slices of positions, in
+fp32, sized so one slice holds about `logit_elements` floats. The forward runs in the model's own
+dtype with no gradient. Models whose logits are not `head(decoder(x))` (plus Gemma-style final
+soft-capping) are detected with one short comparison against the full forward, and then scored
+through the full forward in small batches instead.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+
+DEFAULT_CHUNK_BYTES = 1024
+DEFAULT_MAX_BYTES = 50_000
+DEFAULT_BATCH_TOKENS = 4096
+DEFAULT_LOGIT_ELEMENTS = 1 << 24  # 64 MB of fp32 logits per slice
+
+# General English text for the retention metric, first one present wins. The fortunes file is
+# plain everyday English (Debian's `fortunes`, installed by scripts/setup.sh); Python's own
+# documentation topics ship with every CPython, so a default always exists.
+FORTUNES_PATH = Path("/usr/share/games/fortunes/fortunes")
+PYDOC_TOPICS = "pydoc_data.topics"
+
+_FORTUNE_SEPARATOR = re.compile(r"^%\s*$", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class GeneralText:
+    """Documents of general text plus where they came from (recorded in the metrics)."""
+
+    documents: list[str]
+    source: str
+
+
+def read_fortune_file(path: Path) -> list[str]:
+    """Entries of a fortune(6) file: blocks separated by lines holding only '%'."""
+    text = Path(path).read_text(encoding="utf-8")
+    return [entry.strip("\n") for entry in _FORTUNE_SEPARATOR.split(text) if entry.strip()]
+
+
+def _pydoc_documents() -> list[str]:
+    from pydoc_data import topics
+
+    return [topics.topics[name].strip("\n") for name in sorted(topics.topics) if topics.topics[name].strip()]
+
+
+def load_general_text(path: Path | str | None = None) -> GeneralText:
+    """The general-English text used for retention.
+
+    `path` overrides the default: a fortune file ('%' lines between entries) or any corpus file
+    that `extension.corpus.iter_documents` reads (blank-line separated text, or JSONL).
+    """
+    if path is not None:
+        path = Path(path)
+        head = path.read_text(encoding="utf-8", errors="replace")[:65536] if path.is_file() else ""
+        if _FORTUNE_SEPARATOR.search(head):
+            return GeneralText(read_fortune_file(path), str(path))
+        from .corpus import iter_documents
+
+        return GeneralText(list(iter_documents(path)), str(path))
+    if FORTUNES_PATH.is_file():
+        return GeneralText(read_fortune_file(FORTUNES_PATH), str(FORTUNES_PATH))
+    return GeneralText(_pydoc_documents(), "python:" + PYDOC_TOPICS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cutting text by bytes
+
+
+def _cut(text: str, start: int, limit: int) -> int:
+    """End index of the longest piece text[start:end] of at most `limit` UTF-8 bytes, moved back
+    to just before the last whitespace when that keeps at least half the piece."""
+    size = 0
+    end = start
+    while end < len(text):
+        step = len(text[end].encode("utf-8"))
+        if size + step > limit:
+            break
+        size += step
+        end += 1
+    if end == start:  # a limit below one character's bytes: still make progress
+        return start + 1
+    if end == len(text):
+        return end
+    floor = start + (end - start) // 2
+    for index in range(end, floor, -1):
+        if text[index].isspace() and not text[index - 1].isspace():
+            return index
+    return end
+
+
+def chunk_documents(documents: Iterable[str], chunk_bytes: int, max_bytes: int | None) -> list[list[str]]:
+    """The first `max_bytes` bytes of `documents`, each document cut into chunks by bytes.
+
+    Returns one list of chunks per document used (the last one possibly truncated).
+    """
+    if chunk_bytes < 16:
+        raise ValueError(f"chunk_bytes must be at least 16, got {chunk_bytes}")
+    budget = math.inf if max_bytes is None else max_bytes
+    result: list[list[str]] = []
+    for document in documents:
+        if budget <= 0:
+            break
+        if not document:
+            continue
+        size = len(document.encode("utf-8"))
+        if size > budget:  # the last document used: cut it, then stop
+            document = document[: _cut(document, 0, int(budget))]
+            size = budget
+        budget -= size
+        chunks: list[str] = []
+        start = 0
+        while start < len(document):
+            end = _cut(document, start, chunk_bytes)
+            chunks.append(document[start:end])
+            start = end
+        result.append(chunks)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring
+
+
+def context_token_id(tokenizer) -> int:
+    """The one token every chunk is scored after: BOS, else EOS."""
+    for candidate in (tokenizer.bos_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return int(candidate)
+    raise ValueError(
+        "the tokenizer has neither a BOS nor an EOS token, so chunks have no context token to be "
+        "scored after; pass context_id= explicitly"
+    )
+
+
+@dataclass
+class _Scorer:
+    model: torch.nn.Module
+    batch_tokens: int
+    logit_elements: int
+    use_head_path: bool = True
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.model.get_output_embeddings()(hidden).float()
+        cap = getattr(self.model.config, "final_logit_softcapping", None)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def check_head_path(self, ids: list[int]) -> None:
+        """Use decoder + head only when it reproduces the model's own logits on a short input."""
+        sample = torch.tensor([ids[:16]], device=self.device)
+        try:
+            hidden = self.model.get_decoder()(input_ids=sample, use_cache=False).last_hidden_state
+            mine = self._head_logits(hidden)
+        except (AttributeError, TypeError, NotImplementedError):
+            self.use_head_path = False
+            return
+        reference = self.model(input_ids=sample, use_cache=False).logits.float()
+        tolerance = 1e-3 if hidden.dtype == torch.float32 else 5e-2
+        self.use_head_path = mine.shape == reference.shape and torch.allclose(
+            mine.log_softmax(-1), reference.log_softmax(-1), rtol=tolerance, atol=tolerance
+        )
+
+    def _nll(self, batch: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Per-target NLL (nats, fp64) of the valid next-token targets of a right-padded batch.
+
+        No attention mask is passed: with right padding a causal model's real positions never
+        see the padding after them, and the unmasked causal path is the fastest one.
+        """
+        targets = batch[:, 1:][mask[:, 1:].bool()]
+        if self.use_head_path:
+            hidden = self.model.get_decoder()(input_ids=batch, use_cache=False).last_hidden_state
+            hidden = hidden[:, :-1][mask[:, 1:].bool()]
+            vocab = self.model.get_output_embeddings().weight.shape[0]
+            rows = max(1, self.logit_elements // vocab)
+            pieces = []
+            for begin in range(0, hidden.shape[0], rows):
+                logits = self._head_logits(hidden[begin : begin + rows])
+                target = targets[begin : begin + rows]
+                picked = logits.gather(1, target[:, None]).squeeze(1)
+                pieces.append((torch.logsumexp(logits, dim=-1) - picked).double())
+            return torch.cat(pieces)
+        logits = self.model(input_ids=batch, use_cache=False).logits[:, :-1]
+        logits = logits[mask[:, 1:].bool()].float()
+        picked = logits.gather(1, targets[:, None]).squeeze(1)
+        return (torch.logsumexp(logits, dim=-1) - picked).double()
+
+    def batches(self, sequences: list[list[int]], vocab: int) -> Iterable[list[int]]:
+        """Indices of sequences grouped longest first, each group within the token budget."""
+        budget = self.batch_tokens
+        if not self.use_head_path:  # full logits per batch: bound them too
+            budget = max(1, min(budget, self.logit_elements // max(vocab, 1)))
+        order = sorted(range(len(sequences)), key=lambda i: -len(sequences[i]))
+        group: list[int] = []
+        for index in order:
+            width = len(sequences[group[0]]) if group else len(sequences[index])
+            if group and width * (len(group) + 1) > budget:
+                yield group
+                group = []
+            group.append(index)
+        if group:
+            yield group
+
+    def score(self, sequences: list[list[int]], pad_id: int) -> list[float]:
+        """Summed NLL (nats) of each sequence's tokens after its first (context) token."""
+        vocab = self.model.get_output_embeddings().weight.shape[0]
+        totals = [0.0] * len(sequences)
+        for group in self.batches(sequences, vocab):
+            width = max(len(sequences[i]) for i in group)
+            batch = torch.full((len(group), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(group), width), dtype=torch.long)
+            for row, index in enumerate(group):
+                batch[row, : len(sequences[index])] = torch.tensor(sequences[index])
+                mask[row, : len(sequences[index])] = 1
+            nll = self._nll(batch.to(self.device), mask.to(self.device)).cpu()
+            lengths = [len(sequences[i]) - 1 for i in group]
+            for index, part in zip(group, torch.split(nll, lengths)):
+                totals[index] = float(part.sum())
+        return totals
+
+
+def score_documents(
+    model,
+    tokenizer,
+    documents: Iterable[str],
+    *,
+    new_token_ids: Iterable[int] | None = None,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    logit_elements: int = DEFAULT_LOGIT_ELEMENTS,
+    context_id: int | None = None,
+) -> dict | None:
+    """Bits per byte, tokens per byte and new-token usage of one body of text (None if empty)."""
+    per_document = chunk_documents(documents, chunk_bytes, max_bytes)
+    chunks = [chunk for doc in per_document for chunk in doc]
+    if not chunks:
+        return None
+    context = context_token_id(tokenizer) if context_id is None else context_id
+    encoded = tokenizer(chunks, add_special_tokens=False)["input_ids"]
+    sequences = [[context, *ids] for ids in encoded]
+    limit = getattr(model.config, "max_position_embeddings", None)
+    longest = max(len(s) for s in sequences)
+    if limit is not None and longest > limit:
+        raise ValueError(
+            f"a {chunk_bytes}-byte chunk encodes to {longest} tokens, more than the model's "
+            f"{limit} positions; lower chunk_bytes"
+        )
+    scorer = _Scorer(model, batch_tokens=batch_tokens, logit_elements=logit_elements)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            scorer.check_head_path(max(sequences, key=len))
+            nats = sum(scorer.score(sequences, pad_id=context))
+    finally:
+        model.train(was_training)
+    size = sum(len(chunk.encode("utf-8")) for chunk in chunks)
+    tokens = sum(len(ids) for ids in encoded)
+    result = {
+        "bits_per_byte": nats / (math.log(2) * size),
+        "tokens_per_byte": tokens / size,
+        "bits_per_token": nats / (math.log(2) * tokens),
+        "bytes": size,
+        "tokens": tokens,
+        "documents": len(per_document),
+        "chunks": len(chunks),
+        "new_tokens": None,
+        "new_token_usage": None,
+        "distinct_new_tokens_used": None,
+    }
+    if new_token_ids is not None:
+        new = set(int(i) for i in new_token_ids)
+        used = [i for ids in encoded for i in ids if i in new]
+        result.update(new_tokens=len(used), new_token_usage=len(used) / tokens, distinct_new_tokens_used=len(set(used)))
+    return result
+
+
+def evaluate_model(
+    model,
+    tokenizer,
+    domain_docs: Iterable[str] | None,
+    general_text: GeneralText | str | Sequence[str] | None,
+    *,
+    new_token_ids: Iterable[int] | None = None,
+    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    general_max_bytes: int | None = None,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    context_id: int | None = None,
+) -> dict:
+    """Score held-out domain documents and general text with one model + tokenizer.
+
+    `domain_docs` None or empty (a terms-only job) gives `"domain": None`; likewise for
+    `general_text`. `general_max_bytes` defaults to `max_bytes`. The result is JSON-ready:
+
+        {"domain": {bits_per_byte, tokens_per_byte, bits_per_token, bytes, tokens, documents,
+                    chunks, new_tokens, new_token_usage, distinct_new_tokens_used} | None,
+         "general": {same keys, plus "source"} | None,
+         "settings": {chunk_bytes, max_bytes, general_max_bytes, context_token_id, context_token,
+                      dtype},
+         "seconds": float}
+    """
+    started = time.perf_counter()
+    new_ids = None if new_token_ids is None else sorted(set(int(i) for i in new_token_ids))
+    context = context_token_id(tokenizer) if context_id is None else context_id
+    common = dict(new_token_ids=new_ids, chunk_bytes=chunk_bytes, batch_tokens=batch_tokens, context_id=context)
+    domain = score_documents(model, tokenizer, domain_docs or [], max_bytes=max_bytes, **common)
+    if isinstance(general_text, str):
+        general_text = GeneralText([general_text], "text")
+    elif general_text is not None and not isinstance(general_text, GeneralText):
+        general_text = GeneralText(list(general_text), "documents")
+    general_limit = max_bytes if general_max_bytes is None else general_max_bytes
+    general = None
+    if general_text is not None:
+        general = score_documents(model, tokenizer, general_text.documents, max_bytes=general_limit, **common)
+        if general is not None:
+            general["source"] = general_text.source
+    return {
+        "domain": domain,
+        "general": general,
+        "settings": {
+            "chunk_bytes": chunk_bytes,
+            "max_bytes": max_bytes,
+            "general_max_bytes": general_limit,
+            "context_token_id": context,
+            "context_token": tokenizer.convert_ids_to_tokens(context),
+            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+        },
+        "seconds": round(time.perf_counter() - started, 3),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Before / after
+
+COMPARED = (
+    ("domain", "bits_per_byte"),
+    ("domain", "tokens_per_byte"),
+    ("general", "bits_per_byte"),
+    ("general", "tokens_per_byte"),
+)
+
+
+def compare(before: dict, after: dict) -> dict:
+    """Deltas and ratios of after vs before, keyed "<section>_<metric>" (e.g.
+    "domain_bits_per_byte": {before, after, delta, ratio}); metrics missing on either side are
+    left out. Also "domain_new_token_usage" (after only; the base has no new tokens)."""
+    result: dict[str, dict] = {}
+    for section, metric in COMPARED:
+        old = (before.get(section) or {}).get(metric)
+        new = (after.get(section) or {}).get(metric)
+        if old is None or new is None:
+            continue
+        result[f"{section}_{metric}"] = {
+            "before": old,
+            "after": new,
+            "delta": new - old,
+            "ratio": new / old if old else None,
+        }
+    usage = (after.get("domain") or {}).get("new_token_usage")
+    if usage is not None:
+        result["domain_new_token_usage"] = {"after": usage}
+    return result
+
+
+_LABELS = {
+    "domain_bits_per_byte": "Domain bits per byte (lower is better)",
+    "domain_tokens_per_byte": "Domain tokens per byte (lower is shorter)",
+    "general_bits_per_byte": "General-English bits per byte (retention)",
+    "general_tokens_per_byte": "General-English tokens per byte",
+}
+
+
+def metrics_table(before: dict, after: dict) -> str:
+    """A small markdown table of the before/after metrics, for the model card."""
+    change = compare(before, after)
+    lines = ["| metric | base model | extended model | change |", "| --- | ---: | ---: | ---: |"]
+    for key, label in _LABELS.items():
+        if key not in change:
+            continue
+        row = change[key]
+        percent = "" if row["ratio"] is None else f"{(row['ratio'] - 1) * 100:+.2f}%"
+        lines.append(f"| {label} | {row['before']:.4f} | {row['after']:.4f} | {percent} |")
+    if "domain_new_token_usage" in change:
+        domain = after["domain"]
+        lines.append(
+            f"| Share of domain tokens that are new tokens | 0 | "
+            f"{change['domain_new_token_usage']['after'] * 100:.2f}% | "
+            f"{domain['distinct_new_tokens_used']} distinct |"
+        )
+    notes = []
+    if after.get("domain"):
+        notes.append(f"domain: {after['domain']['bytes']:,} bytes of held-out text")
+    if after.get("general"):
+        notes.append(f"general: {after['general']['bytes']:,} bytes of {after['general']['source']}")
+    settings = after.get("settings") or {}
+    if settings:
+        notes.append(
+            f"scored in chunks of {settings['chunk_bytes']} bytes, each after "
+            f"`{settings['context_token']}`"
+        )
+    if notes:
+        lines.append("")
+        lines.append("Measured on " + "; ".join(notes) + ".")
+    return "\n".join(lines) + "\n"
