@@ -77,7 +77,7 @@ class TermExtension:
 @dataclass
 class SkippedTerm:
     term: str
-    reason: str  # "duplicate" | "already_single_token" | "unsupported"
+    reason: str  # "duplicate" | "already_single_token" | "unsupported" | "probe_text"
     detail: str  # a sentence for the user
 
 
@@ -302,6 +302,16 @@ class _BaseView:
         """Base BPE of one model-space string, as (token string, id)."""
         return [(token.value, token.id) for token in self._model.tokenize(model_string)]
 
+    def inner_pieces(self, text: str) -> list[tuple[str, int]]:
+        """Base pieces of `text` written right after a letter: no space marker or prefix the
+        tokenizer adds at the start of a text or word. These are the pieces an added token stands
+        in for (a space before it stays a token of its own)."""
+        words = self.pretokens("a" + text)
+        if not words or not words[0].startswith(self._head):
+            return [(token, token_id) for token, token_id in zip(self.text_tokens(text), self.text_ids(text))]
+        words[0] = words[0][len(self._head):]
+        return [piece for word in words if word for piece in self.pieces(word)]
+
     def mergeable_pieces(self, pieces: Sequence[tuple[str, int]], model_string: str) -> bool:
         if "".join(piece for piece, _ in pieces) != model_string:
             return False  # unknown characters were dropped or replaced
@@ -337,8 +347,9 @@ class _BaseView:
 class _MergeTable:
     """New merges, appended after the base ones, and the new vocab strings they create."""
 
-    def __init__(self, base_vocab: dict[str, int]):
+    def __init__(self, base_vocab: dict[str, int], banned: frozenset = frozenset()):
         self.base_vocab = base_vocab
+        self.banned = banned  # pairs new merges must not join (adjacent in the probe text)
         self.merges: list[tuple[str, str]] = []
         self.rank: dict[tuple[str, str], int] = {}
         self.created: dict[str, int] = {}  # new string -> order of creation
@@ -392,7 +403,8 @@ class _MergeTable:
         """Merges that join `pieces` into `target` with every intermediate a new string.
 
         Interval DP over bracketings: a span may be an inner node only if its string is not a base
-        token (a merge producing an existing token could let base merges fire after it). Among
+        token (a merge producing an existing token could let base merges fire after it), and no
+        merge may join a banned pair. Among
         valid trees, fewest new strings first; ties go to the left-leaning tree (prefixes, shared
         between terms) or the right-leaning one (suffixes, shared between a term's two forms).
         """
@@ -411,6 +423,8 @@ class _MergeTable:
                     left = 0 if m - i == 1 else best.get((i, m), (None,))[0]
                     right = 0 if j - m == 1 else best.get((m, j), (None,))[0]
                     if left is None or right is None:
+                        continue
+                    if self.banned and ("".join(pieces[i:m]), "".join(pieces[m:j])) in self.banned:
                         continue
                     cost = node_cost + left + right
                     if choice is None or cost < choice[0]:
@@ -476,7 +490,7 @@ def _add_term(table: _MergeTable, forms: list[tuple[_Form, list[str]]], prefer_l
         if current != [form.model]:
             merges = table.plan(current, form.model, prefer_left=prefer_left or number > 0)
             if merges is None:
-                return uses, created, f"every way of joining {base_pieces} passes through a string the base vocab already has"
+                return uses, created, _no_plan_reason(table, current, form, base_pieces)
             for left, right in merges:
                 string = table.add(left, right)
                 if string is not None:
@@ -488,9 +502,25 @@ def _add_term(table: _MergeTable, forms: list[tuple[_Form, list[str]]], prefer_l
     return uses, created, None
 
 
+def _no_plan_reason(table: _MergeTable, current: list[str], form: _Form, base_pieces: list[str]) -> str:
+    banned, table.banned = table.banned, frozenset()
+    try:
+        possible = table.plan(current, form.model) is not None
+    finally:
+        table.banned = banned
+    if possible:
+        return (f"every way of joining {base_pieces} would also join pieces of llama.cpp's converter "
+                "probe text, and GGUF conversion would then refuse the model")
+    return f"every way of joining {base_pieces} passes through a string the base vocab already has"
+
+
 def _plan_merges(view: _BaseView, candidates: list[_Candidate]) -> _Plan:
-    """Plan every open candidate in order, each on top of the merges planned before it."""
-    table = _MergeTable(view.vocab)
+    """Plan every open candidate in order, each on top of the merges planned before it.
+
+    No planned merge joins two pieces that are adjacent in the probe text's base tokenization:
+    as long as none does, no new merge fires there at all, so the probe keeps its ids."""
+    banned = frozenset(pair for word in _probe_words(view) for pair in zip(word, word[1:]))
+    table = _MergeTable(view.vocab, banned)
     plan = _Plan(table, {}, {}, {}, {})
     for cand in candidates:
         if cand.fallback_reason is not None:
@@ -645,15 +675,32 @@ def _check_terms(backend, layout: _Layout, view: _BaseView, candidates: dict[str
     texts = [text for _, text, _ in checks]
     encodings = backend.encode_batch(texts, add_special_tokens=False)
     decoded = backend.decode_batch([e.ids for e in encodings], skip_special_tokens=False)
+    # Decoding must give back what the base tokenizer gives back (the text itself, for lossless ones).
+    base = view.backend.encode_batch(texts, add_special_tokens=False)
+    base_decoded = view.backend.decode_batch([e.ids for e in base], skip_special_tokens=False)
     failures: dict[str, str] = {}
-    for (term, text, token_id), encoding, back in zip(checks, encodings, decoded):
+    for (term, text, token_id), encoding, back, expected in zip(checks, encodings, decoded, base_decoded):
         if term in failures:
             continue
         if token_id not in encoding.ids:
             failures[term] = f"in {text!r} it is split as {encoding.tokens}"
-        elif back != text:
+        elif back != expected:
             failures[term] = f"{text!r} decodes back as {back!r}"
     return failures
+
+
+def _terms_in_probe(backend, layout: _Layout, view: _BaseView) -> set[str]:
+    """Terms whose new tokens show up when the probe text is encoded (it must keep its base ids)."""
+    ids = backend.encode(LLAMA_CPP_PROBE_TEXT, add_special_tokens=False).ids
+    if ids == view.backend.encode(LLAMA_CPP_PROBE_TEXT, add_special_tokens=False).ids:
+        return set()
+    owners = {token_id: term for term, token_id in layout.added_ids.items()}
+    for term, planned in layout.plan.merge_terms.items():
+        for model in planned.values():
+            owners[layout.ids[model]] = term
+    for string, term in layout.plan.owner.items():
+        owners.setdefault(layout.ids[string], term)
+    return {owners[i] for i in ids if i in owners}
 
 
 # --------------------------------------------------------------------------------------------
@@ -721,7 +768,7 @@ def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 6
     for term, reason in _joined_with_context(view, open_terms).items():
         candidates[term].fallback_reason = reason
 
-    dropped: dict[str, str] = {}
+    dropped: dict[str, tuple[str, str]] = {}  # term -> (reason, why)
     while True:
         plan = _plan_merges(view, list(candidates.values()))
         for term, reason in plan.failed.items():
@@ -736,25 +783,36 @@ def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 6
         for term in list(added):
             conflict = _added_token_conflict(view, plan, term, candidates[term])
             if conflict:
-                dropped[term] = conflict
+                dropped[term] = ("unsupported", conflict)
                 del candidates[term]
                 added.remove(term)
         layout = _layout(view, plan, added)
         backend = _build_backend(view, layout)
         failures = _check_terms(backend, layout, view, candidates)
-        if not failures:
+        in_probe = _terms_in_probe(backend, layout, view)
+        if not failures and not in_probe:
             break
         for term, why in failures.items():
             cand = candidates[term]
             if cand.fallback_reason is None:
                 cand.fallback_reason = f"merges alone do not make it one token: {why}"
             else:
-                dropped[term] = f"neither merges nor an added token make it one token without changing other text: {why}"
+                dropped[term] = ("unsupported", f"neither merges nor an added token make it one token without changing other text: {why}")
+                del candidates[term]
+        for term in in_probe - set(failures):
+            cand = candidates[term]
+            if cand.fallback_reason is None:  # not expected: planned merges never join probe pieces
+                cand.fallback_reason = "its merges would fire inside llama.cpp's converter probe text"
+            else:
+                dropped[term] = ("probe_text", (
+                    "it occurs in llama.cpp's converter probe text, so as an added token it would change the "
+                    "probe's ids and GGUF conversion would refuse the model"
+                ))
                 del candidates[term]
 
     if mechanism == "merges":
         refused = {c.term: c.fallback_reason for c in candidates.values() if c.fallback_reason}
-        refused.update(dropped)
+        refused.update({term: why for term, (_, why) in dropped.items()})
         if refused:
             listing = "; ".join(f"{term!r}: {why}" for term, why in list(refused.items())[:5])
             raise InvalidTermsError(
@@ -762,8 +820,8 @@ def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 6
                 "(they become word-boundary added tokens) or remove them",
                 param="terms",
             )
-    for term, why in dropped.items():
-        skipped.append(SkippedTerm(term, "unsupported", f"{term!r} was not added: {why}"))
+    for term, (reason, why) in dropped.items():
+        skipped.append(SkippedTerm(term, reason, f"{term!r} was not added: {why}"))
 
     return _result(tokenizer, view, layout, backend, candidates, skipped)
 
@@ -794,7 +852,8 @@ def _result(tokenizer, view: _BaseView, layout: _Layout, backend, candidates: di
             term=form_owner[string] if is_form else plan.owner.get(string),
         ))
     for term, token_id in layout.added_ids.items():
-        new_tokens.append(NewToken(id=token_id, token=term, text=term, base_ids=view.text_ids(term), kind="form", term=term))
+        base_ids = [i for _, i in view.inner_pieces(term)] if view.is_bpe else view.text_ids(term)
+        new_tokens.append(NewToken(id=token_id, token=term, text=term, base_ids=base_ids, kind="form", term=term))
     new_tokens.sort(key=lambda t: t.id)
 
     intermediates_of: dict[str, list[str]] = {}
@@ -816,7 +875,7 @@ def _result(tokenizer, view: _BaseView, layout: _Layout, backend, candidates: di
             terms.append(TermExtension(
                 term=term, mechanism="added_token",
                 forms={term: layout.added_ids[term]},
-                original_pieces={term: view.text_tokens(term)},
+                original_pieces={term: [p for p, _ in view.inner_pieces(term)] if view.is_bpe else view.text_tokens(term)},
                 intermediates=[],
                 existing_forms=dict(cand.existing),
                 fallback_reason=cand.fallback_reason,
