@@ -108,30 +108,40 @@ class _FusedRowsCrossEntropy(torch.autograd.Function):
             valid = t != IGNORE_INDEX
             if not bool(valid.any()):
                 continue
-            z = torch.empty(h.shape[0], old_vocab + new_out.shape[0], dtype=torch.float32, device=h.device)
-            z[:, :old_vocab] = F.linear(h, old_weight, old_bias)
-            z[:, old_vocab:] = F.linear(h.float(), new_out, new_bias)
-            slope = None
-            if softcap:
-                z.div_(softcap).tanh_()
-                if need_hidden or need_new or need_bias:
-                    slope = 1 - z.square()  # d/dz of cap*tanh(z/cap)
-                z.mul_(softcap)
-            lse = torch.logsumexp(z, dim=1)
-            safe_t = t.clamp(min=0)
-            picked = z.gather(1, safe_t.unsqueeze(1)).squeeze(1)
+            # old and new logits stay two contiguous tensors: no [chunk, vocab] concatenation copy
+            parts = [F.linear(h, old_weight, old_bias).float(), F.linear(h.float(), new_out, new_bias)]
+            slopes = []
+            for z in parts:
+                if softcap:
+                    z.div_(softcap).tanh_()
+                    slopes.append(1 - z.square())  # d/dz of cap*tanh(z/cap)
+                    z.mul_(softcap)
+            lse = torch.logaddexp(torch.logsumexp(parts[0], dim=1), torch.logsumexp(parts[1], dim=1))
+            is_new = t >= old_vocab
+            old_t = torch.where(is_new | ~valid, 0, t)
+            new_t = torch.where(is_new & valid, t - old_vocab, 0)
+            picked = torch.where(
+                is_new,
+                parts[1].gather(1, new_t.unsqueeze(1)).squeeze(1),
+                parts[0].gather(1, old_t.unsqueeze(1)).squeeze(1),
+            )
             total += ((lse - picked) * valid).sum()
             if not (need_hidden or need_new or need_bias):
                 continue
-            grad = z.sub_(lse.unsqueeze(1)).exp_()  # softmax, in place of the logits
-            grad[torch.arange(grad.shape[0], device=grad.device), safe_t] -= 1.0
-            grad.mul_(valid.unsqueeze(1))
-            if slope is not None:
-                grad.mul_(slope)
-            grad_old, grad_rows = grad[:, :old_vocab], grad[:, old_vocab:]
+            rows = torch.arange(h.shape[0], device=h.device)
+            weight = valid.to(torch.float32).unsqueeze(1)
+            grad_old, grad_rows = (z.sub_(lse.unsqueeze(1)).exp_() for z in parts)  # softmax, in place
+            grad_old[rows, old_t] -= (~is_new).to(grad_old.dtype)
+            grad_rows[rows, new_t] -= is_new.to(grad_rows.dtype)
+            if not bool(valid.all()):  # one pass over [chunk, vocab]: only when something is ignored
+                grad_old.mul_(weight)
+                grad_rows.mul_(weight)
+            if slopes:
+                grad_old.mul_(slopes[0])
+                grad_rows.mul_(slopes[1])
             if need_hidden:
                 grad_hidden[start : start + chunk] = (
-                    grad_old.to(old_weight.dtype) @ old_weight + grad_rows @ new_out
+                    (grad_old.to(old_weight.dtype) @ old_weight).to(torch.float32) + grad_rows @ new_out
                 ).to(hidden.dtype)
             if need_new:
                 grad_new += grad_rows.T @ h.float()
