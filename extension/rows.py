@@ -89,14 +89,19 @@ class _FusedRowsCrossEntropy(torch.autograd.Function):
     """Sum of next-token cross-entropy over [frozen old rows | new rows], chunk by chunk.
 
     Forward computes each chunk's gradients while its logits exist (d loss / d logits is
-    softmax - onehot) and keeps only the small results: d hidden [N, d] and d new rows [n, d].
+    softmax - target) and keeps only the small results: d hidden [N, d] and d new rows [n, d].
     The frozen matrix gets no gradient, so the backward costs exactly one matmul over the vocab,
     like any backward through a frozen head.
+
+    `targets` is either token ids [N] (IGNORE_INDEX = unscored) or, for distillation, a function
+    (start, end) -> (p_old [c, V], p_new [c, n]): a target distribution per position (rows that
+    sum to 0 are unscored), built chunk by chunk so it is never full-size either.
     """
 
     @staticmethod
     def forward(ctx, hidden, targets, new_out, new_bias, old_weight, old_bias, chunk, softcap):
         need_hidden, need_new, need_bias = ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]
+        soft = callable(targets)
         old_vocab = old_weight.shape[0]
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.zeros_like(hidden) if need_hidden else None
@@ -104,10 +109,11 @@ class _FusedRowsCrossEntropy(torch.autograd.Function):
         grad_bias = torch.zeros_like(new_bias) if need_bias else None
         for start in range(0, hidden.shape[0], chunk):
             h = hidden[start : start + chunk]
-            t = targets[start : start + chunk]
-            valid = t != IGNORE_INDEX
-            if not bool(valid.any()):
-                continue
+            if not soft:
+                t = targets[start : start + chunk]
+                valid = t != IGNORE_INDEX
+                if not bool(valid.any()):
+                    continue
             # old and new logits stay two contiguous tensors: no [chunk, vocab] concatenation copy
             parts = [F.linear(h, old_weight, old_bias).float(), F.linear(h.float(), new_out, new_bias)]
             slopes = []
@@ -117,25 +123,34 @@ class _FusedRowsCrossEntropy(torch.autograd.Function):
                     slopes.append(1 - z.square())  # d/dz of cap*tanh(z/cap)
                     z.mul_(softcap)
             lse = torch.logaddexp(torch.logsumexp(parts[0], dim=1), torch.logsumexp(parts[1], dim=1))
-            is_new = t >= old_vocab
-            old_t = torch.where(is_new | ~valid, 0, t)
-            new_t = torch.where(is_new & valid, t - old_vocab, 0)
-            picked = torch.where(
-                is_new,
-                parts[1].gather(1, new_t.unsqueeze(1)).squeeze(1),
-                parts[0].gather(1, old_t.unsqueeze(1)).squeeze(1),
-            )
-            total += ((lse - picked) * valid).sum()
+            if soft:
+                p_old, p_new = targets(start, start + h.shape[0])
+                mass = p_old.sum(1) + p_new.sum(1)
+                total += (mass * lse).sum() - (p_old * parts[0]).sum() - (p_new * parts[1]).sum()
+            else:
+                is_new = t >= old_vocab
+                old_t = torch.where(is_new | ~valid, 0, t)
+                new_t = torch.where(is_new & valid, t - old_vocab, 0)
+                picked = torch.where(
+                    is_new,
+                    parts[1].gather(1, new_t.unsqueeze(1)).squeeze(1),
+                    parts[0].gather(1, old_t.unsqueeze(1)).squeeze(1),
+                )
+                total += ((lse - picked) * valid).sum()
             if not (need_hidden or need_new or need_bias):
                 continue
-            rows = torch.arange(h.shape[0], device=h.device)
-            weight = valid.to(torch.float32).unsqueeze(1)
             grad_old, grad_rows = (z.sub_(lse.unsqueeze(1)).exp_() for z in parts)  # softmax, in place
-            grad_old[rows, old_t] -= (~is_new).to(grad_old.dtype)
-            grad_rows[rows, new_t] -= is_new.to(grad_rows.dtype)
-            if not bool(valid.all()):  # one pass over [chunk, vocab]: only when something is ignored
-                grad_old.mul_(weight)
-                grad_rows.mul_(weight)
+            if soft:
+                grad_old.mul_(mass.unsqueeze(1)).sub_(p_old)
+                grad_rows.mul_(mass.unsqueeze(1)).sub_(p_new)
+            else:
+                rows = torch.arange(h.shape[0], device=h.device)
+                grad_old[rows, old_t] -= (~is_new).to(grad_old.dtype)
+                grad_rows[rows, new_t] -= is_new.to(grad_rows.dtype)
+                if not bool(valid.all()):  # one pass over [chunk, vocab]: only when something is ignored
+                    weight = valid.to(torch.float32).unsqueeze(1)
+                    grad_old.mul_(weight)
+                    grad_rows.mul_(weight)
             if slopes:
                 grad_old.mul_(slopes[0])
                 grad_rows.mul_(slopes[1])
@@ -266,12 +281,25 @@ class RowsAdapter(nn.Module):
         hidden2d = hidden.reshape(-1, hidden.shape[-1])
         targets1d = targets.reshape(-1)
         count = int((targets1d != IGNORE_INDEX).sum())
-        chunk = max(1, chunk_elements // (self.base_vocab_size + self.num_new))
+        chunk = self.chunk_positions(chunk_elements)
         old_weight, old_bias = _old_head_weight(self._base_head, self.base_vocab_size)
         total = _FusedRowsCrossEntropy.apply(
             hidden2d, targets1d, self.out_rows, self.output_bias, old_weight, old_bias, chunk, self.softcap
         )
         return total, count
+
+    def soft_loss_sum(self, hidden: torch.Tensor, targets, *, chunk_elements: int = DEFAULT_LOSS_CHUNK_ELEMENTS) -> torch.Tensor:
+        """Summed cross-entropy against target distributions: `targets(start, end)` gives
+        (p_old [c, base_vocab], p_new [c, num_new]) for flattened positions start..end."""
+        hidden2d = hidden.reshape(-1, hidden.shape[-1])
+        chunk = self.chunk_positions(chunk_elements)
+        old_weight, old_bias = _old_head_weight(self._base_head, self.base_vocab_size)
+        return _FusedRowsCrossEntropy.apply(
+            hidden2d, targets, self.out_rows, self.output_bias, old_weight, old_bias, chunk, self.softcap
+        )
+
+    def chunk_positions(self, chunk_elements: int = DEFAULT_LOSS_CHUNK_ELEMENTS) -> int:
+        return max(1, chunk_elements // (self.base_vocab_size + self.num_new))
 
     def loss(self, hidden: torch.Tensor, targets: torch.Tensor, **kwargs) -> torch.Tensor:
         total, count = self.loss_sum(hidden, targets, **kwargs)

@@ -188,3 +188,28 @@ def test_rows_must_match_the_tying():
         attach(tied, BASE_VOCAB, _rows(untied))
     with pytest.raises(ValueError, match="untied"):
         attach(untied, BASE_VOCAB, _rows(tied))
+
+
+@pytest.mark.parametrize("name", ["llama_tied", "llama_untied_bias", "gemma3_softcap"])
+def test_soft_target_loss_matches_plain_autograd(name):
+    model = MODELS[name]()
+    adapter = attach(model, BASE_VOCAB, _rows(model))
+    ids = _ids()
+    g = torch.Generator().manual_seed(6)
+    target = torch.softmax(torch.randn(ids.numel(), BASE_VOCAB + NEW, generator=g) * 3, dim=1)
+    target[5] = 0  # an unscored position
+
+    def targets(start, end):
+        return target[start:end, :BASE_VOCAB], target[start:end, BASE_VOCAB:]
+
+    loss = adapter.soft_loss_sum(adapter.hidden(ids), targets, chunk_elements=5 * (BASE_VOCAB + NEW))
+    loss.backward()
+    fused = [p.grad.clone() for p in adapter.parameters()]
+    for p in adapter.parameters():
+        p.grad = None
+    logits = adapter.logits(adapter.hidden(ids))[..., : BASE_VOCAB + NEW].reshape(-1, BASE_VOCAB + NEW)
+    reference = -(target * torch.log_softmax(logits, dim=1)).sum()
+    reference.backward()
+    assert torch.allclose(loss, reference, rtol=1e-5)
+    for got, p in zip(fused, adapter.parameters()):
+        assert torch.allclose(got, p.grad, atol=1e-6, rtol=1e-5)
