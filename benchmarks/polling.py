@@ -190,7 +190,7 @@ def submit_to_start(api: Api, repeats: int) -> list[dict]:
         api.cancel(job["id"])
         api.wait(job["id"], lambda j: j["status"] in FINISHED, interval=0.2)
         samples.append({"job_id": job["id"], "server_s": server, "client_s": seen})
-        time.sleep(1.0)  # let the pool replace its child (one task per child) before the next
+        time.sleep(3.0)  # let the pool replace its child (one task per child) before the next
     return samples
 
 

@@ -1,4 +1,6 @@
-"""The one Celery task. Heavy imports (torch, the pipeline) happen inside the child, per job."""
+"""The one Celery task. torch and the pipeline are imported inside the job's child process only;
+the light part (database, claim) is imported here, in the parent, so forked children start
+claiming at once instead of spending a second importing SQLAlchemy."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from celery.signals import worker_process_init
 from app.settings import get_settings
 
 from .celery_app import TASK_NAME, celery_app
+from .runner import execute
 
 log = logging.getLogger("tide.worker")
 
@@ -26,8 +29,6 @@ def _prepare_child(**_kwargs) -> None:
 
 @celery_app.task(name=TASK_NAME, bind=True)
 def run_job(self, job_id: str) -> str:
-    from .runner import execute
-
     settings = get_settings()
     if settings.worker_torch_threads:
         import torch
