@@ -58,14 +58,16 @@ def _ids(tokenizer, text: str) -> list[int]:
 # --- the merge loop on its own ------------------------------------------------------------------
 
 
-def _pieces(*tokens: str) -> list[tuple[int, str]]:
-    ids = {"a": 0, "b": 1, "c": 2, "d": 3}
-    return [(ids[t], t) for t in tokens]
+NAMES = {0: "a", 1: "b", 2: "c", 3: "d"}
+
+
+def _pieces(*tokens: str) -> tuple[int, ...]:
+    return tuple("abcd".index(t) for t in tokens)
 
 
 def test_merge_loop_counts_overlaps_and_stops_at_min_count():
     words = [(_pieces("a", "a", "a", "a"), 5), (_pieces("a", "b", "c"), 4), (_pieces("b", "c", "d"), 2)]
-    result = continue_bpe(words, max_merges=10, min_count=3, reject=lambda *_: None)
+    result = continue_bpe(words, NAMES, max_merges=10, min_count=3, reject=lambda *_: None)
     # (a, a) occurs 3 times per word by adjacency but only 2 merges fit in "aaaa": saves 2 x 5.
     assert [(m.left, m.right, m.tokens_saved) for m in result.merges][:2] == [("a", "a", 10), ("b", "c", 6)]
     # then "aa"+"aa" (5) and "a"+"bc" (4); "bc"+"d" occurs only twice: below min_count.
@@ -79,7 +81,7 @@ def test_merge_loop_counts_overlaps_and_stops_at_min_count():
 def test_merge_loop_respects_refusals_and_banned_pairs():
     words = [(_pieces("a", "b"), 9), (_pieces("c", "d"), 8), (_pieces("b", "c"), 7)]
     refuse_cd = lambda left, right, token: "punctuation" if token == "cd" else None  # noqa: E731
-    result = continue_bpe(words, max_merges=10, min_count=1, reject=refuse_cd, banned_pairs={("a", "b")})
+    result = continue_bpe(words, NAMES, max_merges=10, min_count=1, reject=refuse_cd, banned_pairs={("a", "b")})
     assert [m.token for m in result.merges] == ["bc"]
     assert result.skipped == Counter({"probe_text": 1, "punctuation": 1})
 

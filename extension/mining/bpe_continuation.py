@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping, Sequence
 
 from ..errors import JobCancelled
 
@@ -44,7 +44,8 @@ class Continuation:
 
 
 def continue_bpe(
-    words: Iterable[tuple[list[tuple[int, str]], int]],
+    words: Iterable[tuple[Sequence[int], int]],
+    names: Mapping[int, str],
     *,
     max_merges: int,
     min_count: int,
@@ -54,20 +55,17 @@ def continue_bpe(
 ) -> Continuation:
     """Run up to `max_merges` merges over weighted words.
 
-    words: ((base_id, base_token) pieces, frequency) per distinct word; ids identify base pieces.
+    words: (base piece ids, frequency) per distinct word; names: base piece id -> token string.
     reject(left, right, merged) -> a reason to skip that pair, or None to accept it.
     banned_pairs: pairs (as token strings) that must never merge (e.g. the converter probe text).
     """
-    names: dict[int, str] = {}
+    names = dict(names)
     segments: list[list[int]] = []
     freqs: list[int] = []
     for pieces, freq in words:
-        if len(pieces) < 2:
-            continue
-        for piece_id, token in pieces:
-            names[piece_id] = token
-        segments.append([piece_id for piece_id, _ in pieces])
-        freqs.append(freq)
+        if len(pieces) >= 2:
+            segments.append(list(pieces))
+            freqs.append(freq)
     tokens_before = sum(len(seg) * f for seg, f in zip(segments, freqs))
     next_id = max(names, default=-1) + 1
     first_new = next_id

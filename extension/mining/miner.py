@@ -111,21 +111,24 @@ def _count_words(
     return counts, stats
 
 
-def _word_pieces(view: TokenizerView, counts: Counter) -> list[tuple[list[tuple[int, str]], int]]:
-    """Distinct words as base pieces, cut at pieces no merge can use (byte fallback, unk)."""
+def _word_pieces(view: TokenizerView, counts: Counter) -> tuple[list[tuple[tuple[int, ...], int]], dict[int, str]]:
+    """Distinct words as base piece ids (+ the ids' strings), cut at pieces no merge can use
+    (byte fallback, unk). Ids in tuples: the compact form, one per distinct word."""
     words = []
+    names: dict[int, str] = {}
     for word, freq in counts.items():
-        run: list[tuple[int, str]] = []
-        for piece in view.pieces(word):
-            if view.mergeable(piece[1]):
-                run.append(piece)
+        run: list[int] = []
+        for piece_id, token in view.pieces(word):
+            if view.mergeable(token):
+                run.append(piece_id)
+                names[piece_id] = token
                 continue
             if len(run) > 1:
-                words.append((run, freq))
+                words.append((tuple(run), freq))
             run = []
         if len(run) > 1:
-            words.append((run, freq))
-    return words
+            words.append((tuple(run), freq))
+    return words, names
 
 
 def _probe_pairs(view: TokenizerView) -> set[tuple[str, str]]:
@@ -166,33 +169,37 @@ def _mine(
             "blank lines, or JSONL with a text field",
             param=param,
         )
-    words = _word_pieces(view, counts)
+    words, names = _word_pieces(view, counts)
+    corpus_stats = {**stats, "distinct_words": len(counts), "word_occurrences": sum(counts.values())}
+    del counts  # the words live on as piece ids
     seconds["count"] = round(time.perf_counter() - started, 3)
 
     def reject(_left: str, _right: str, token: str) -> str | None:
-        if token in view.vocab:
+        if view.token_id(token) is not None:
             return "in_vocab"
         return filters.reject_reason(view.token_bytes(token))
 
     banned = _probe_pairs(view)
     repairs: list[dict] = []
-    seconds["merge"] = seconds["check"] = 0.0
+    seconds["merge"] = seconds["extend"] = seconds["check"] = 0.0
     while True:
         started = time.perf_counter()
         continuation = continue_bpe(
-            words, max_merges=max_new_tokens, min_count=min_frequency, reject=reject,
+            words, names, max_merges=max_new_tokens, min_count=min_frequency, reject=reject,
             banned_pairs=banned, should_cancel=should_cancel,
         )
         merges = [(m.left, m.right) for m in continuation.merges]
-        extended = extend_with_merges(tokenizer, merges)
         seconds["merge"] += round(time.perf_counter() - started, 3)
+        started = time.perf_counter()
+        extended = extend_with_merges(tokenizer, merges)
+        seconds["extend"] += round(time.perf_counter() - started, 3)
         if not merges:
             check = None
             break
         started = time.perf_counter()
         check = compare_encodings(
             view.backend, extended.tokenizer.backend_tokenizer, documents(),
-            base_vocab_size=view.base_vocab_size, should_cancel=should_cancel,
+            base_vocab_size=extended.base_vocab_size, should_cancel=should_cancel,
         )
         seconds["check"] += round(time.perf_counter() - started, 3)
         if check.longer == 0 or len(repairs) == _REPAIR_ROUNDS:
@@ -205,7 +212,7 @@ def _mine(
 
     terms = _terms(view, continuation, extended, min_frequency)
     report = _report(
-        source=source, stats=stats, counts=counts, continuation=continuation, check=check,
+        source=source, stats=corpus_stats, continuation=continuation, check=check,
         terms=terms, max_new_tokens=max_new_tokens, min_frequency=min_frequency, filters=filters,
         repairs=repairs, probe_ok=probe_text_unchanged(tokenizer, extended.tokenizer) if merges else True,
         seconds=seconds,
@@ -219,7 +226,7 @@ def _merges_of_ids(extended, merges: list[tuple[str, str]], ids: set[int]) -> se
 
 
 def _terms(view: TokenizerView, continuation: Continuation, extended, min_frequency: int) -> list[MinedTerm]:
-    vocab = extended.tokenizer.get_vocab() if continuation.merges else {}
+    token_id = extended.tokenizer.backend_tokenizer.token_to_id
     terms = []
     for rank, merge in enumerate(continuation.merges):
         # A step toward longer tokens that is itself seldom left standing in the text.
@@ -231,12 +238,12 @@ def _terms(view: TokenizerView, continuation: Continuation, extended, min_freque
             rank=rank,
             token=merge.token,
             text=view.token_text(merge.token),
-            id=vocab.get(merge.token),
+            id=token_id(merge.token),
             merge=(merge.left, merge.right),
             tokens_saved=merge.tokens_saved,
             frequency=continuation.usage[rank],
             original_pieces=list(pieces),
-            original_ids=[view.vocab[p] for p in pieces],
+            original_ids=[view.token_id(p) for p in pieces],
             kind="intermediate" if intermediate else "term",
         ))
     return terms
@@ -246,7 +253,6 @@ def _report(
     *,
     source: dict,
     stats: dict,
-    counts: Counter,
     continuation: Continuation,
     check: EncodingCheck | None,
     terms: list[MinedTerm],
@@ -259,7 +265,7 @@ def _report(
 ) -> dict:
     report: dict = {
         "source": source,
-        "corpus": {**stats, "distinct_words": len(counts), "word_occurrences": sum(counts.values())},
+        "corpus": stats,
         "params": {"max_new_tokens": max_new_tokens, "min_frequency": min_frequency, "filters": filters.to_json()},
         "new_tokens": len(terms),
         "terms_count": sum(t.kind == "term" for t in terms),

@@ -55,11 +55,10 @@ class TokenizerView:
                 "with AutoTokenizer so it is a fast one",
                 param="base_model",
             )
-        spec = json.loads(backend.to_str())
-        model = spec.get("model", {})
-        if model.get("type") != "BPE":
+        model = backend.model
+        if type(model).__name__ != "BPE":
             raise InvalidOptionError(
-                f"mining continues BPE merges, but this tokenizer's model is {model.get('type')!r}; "
+                f"mining continues BPE merges, but this tokenizer's model is {type(model).__name__!r}; "
                 "give the new terms as a terms list instead of a corpus",
                 param="corpus",
             )
@@ -67,12 +66,15 @@ class TokenizerView:
         self.backend = backend
         self._normalizer = backend.normalizer
         self._pre_tokenizer = backend.pre_tokenizer
-        self._model = backend.model
-        self.byte_level = _has_type(spec.get("pre_tokenizer"), "ByteLevel") or _has_type(spec.get("decoder"), "ByteLevel")
-        self.byte_fallback = bool(model.get("byte_fallback"))
-        self.unk_token = model.get("unk_token")
-        self.vocab: dict[str, int] = tokenizer.get_vocab()
-        self.base_vocab_size = len(tokenizer)
+        self._model = model
+        # Only the small parts of the tokenizer's JSON: the whole of it (a 262k vocab and 500k
+        # merges for Gemma) takes seconds to serialise and parse.
+        self.byte_level = any(
+            component is not None and _has_type(json.loads(component.__getstate__()), "ByteLevel")
+            for component in (backend.pre_tokenizer, backend.decoder)
+        )
+        self.byte_fallback = bool(model.byte_fallback)
+        self.unk_token = model.unk_token
         # A space after normalization: " " for byte-level tokenizers, "▁" for SentencePiece-style.
         self.space = self.normalize(" ") or " "
         self.splits_words = len(self._pre_tokenize(self.normalize("a b"))) > 1
@@ -99,6 +101,10 @@ class TokenizerView:
         if self.splits_words:
             return words
         return [seg for word in words for seg in self._segment.findall(word)]
+
+    def token_id(self, token: str) -> int | None:
+        """Id of a vocabulary string (added tokens included), or None."""
+        return self.backend.token_to_id(token)
 
     def pieces(self, word: str) -> list[tuple[int, str]]:
         """Base (id, token) pieces of one pre-token."""
