@@ -30,6 +30,7 @@ def register(sub) -> None:
     parser.add_argument("--embedding-lr-multiplier", type=float, default=defaults["embedding_lr_multiplier"], help="learning-rate multiplier for embedding rows (default: %(default)s)")
     parser.add_argument("--weight-decay", type=float, default=defaults["weight_decay"], help="AdamW weight decay on the new rows (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=defaults["seed"], help="random seed (default: %(default)s)")
+    parser.add_argument("--eval-bytes", type=int, default=defaults["eval_max_bytes"], help="bytes of held-out domain text and of general text scored before/after (default: %(default)s)")
     parser.add_argument("--work-dir", type=Path, help="checkpoint folder; rerunning with the same folder resumes")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a summary")
     parser.set_defaults(handler=_run)
@@ -70,6 +71,7 @@ def _run(args: argparse.Namespace) -> int:
         embedding_lr_multiplier=args.embedding_lr_multiplier,
         weight_decay=args.weight_decay,
         seed=args.seed,
+        eval_max_bytes=args.eval_bytes,
         allow_local_paths=True,
         force=args.force,
     )

@@ -69,7 +69,8 @@ def save_adapter(model, folder: Path, token_ids: list[int], target_module: str) 
 
     peft_model = get_peft_model(model, TrainableTokensConfig(token_indices=token_ids, target_modules=[target_module]))
     try:
-        peft_model.save_pretrained(folder)
+        # PEFT would add the whole resized embedding matrix by default; the adapter is the rows only.
+        peft_model.save_pretrained(folder, save_embedding_layers=False)
     finally:
         peft_model.unload()
 
@@ -133,6 +134,7 @@ def publish(
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
         manifest = build_manifest(staging)
+        staging.chmod(0o755)  # mkdtemp makes it private; the API may serve it as another user
         write_json(staging / MANIFEST, {"files": manifest})
         _replace_dir(staging, out_dir)
     finally:

@@ -31,6 +31,8 @@ class ExtendSpec:
     grad_clip: float = 1.0
     seed: int = 0
     checkpoint_every: int = 50
+    # evaluation: bytes of held-out domain text and of general text scored before and after
+    eval_max_bytes: int = 50_000
     # service-only knobs
     allow_local_paths: bool = True  # the CLI; the service sets False
     force: bool = False

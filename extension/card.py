@@ -1,0 +1,69 @@
+"""The model card (README.md of a published checkpoint): what was added, how, and the evidence."""
+
+from __future__ import annotations
+
+from .evaluate import metrics_table
+
+_SHOWN_TERMS = 40
+
+
+def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str:
+    counts = extension.get("counts", {})
+    vocab = extension["vocab"]
+    terms = extension.get("terms", [])
+    lines = [
+        "---",
+        "library_name: transformers",
+        "tags: [tide, vocabulary-extension]",
+        f"base_model: {spec.base_model}",
+        "---",
+        "",
+        f"# {spec.base_model} + {counts.get('terms_added', len(terms))} domain terms (TIDE)",
+        "",
+        f"The tokenizer of `{spec.base_model}` was extended so each term below is ONE token. "
+        f"Vocabulary: {vocab['base_vocab_size']:,} base entries + {counts.get('new_vocab_entries', '?')} new "
+        f"(term forms and intermediate merges), padded to {vocab['vocab_size']:,} rows "
+        f"({'tied' if vocab['tied'] else 'untied'} input/output embeddings).",
+        "",
+        "Each new row started as the mean of the base rows of the term's original pieces"
+        + (f", then only the new rows were trained for {spec.steps} steps (every base weight is "
+           "unchanged)." if spec.steps else "; no training (init only)."),
+        "Padding rows are set to the mean output row and listed in `generation_config.json` "
+        "(`suppress_tokens`); they are never produced by the tokenizer.",
+        "",
+        "## Before / after",
+        "",
+        metrics_table(metrics["before"], metrics["after"]),
+        "",
+        "Bits per byte compares models across tokenizers: next-token loss summed over the text, "
+        "divided by ln 2 and by its UTF-8 bytes. Lower is better.",
+        "",
+        "## Use",
+        "",
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        'model = AutoModelForCausalLM.from_pretrained("THIS_FOLDER")',
+        'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")',
+        "```",
+        "",
+        "`adapter/` holds the same new rows as a PEFT Trainable Tokens adapter for the base model "
+        f"resized to {vocab['vocab_size']:,} rows (`model.resize_token_embeddings({vocab['vocab_size']})`, "
+        "then `PeftModel.from_pretrained(model, 'THIS_FOLDER/adapter')`).",
+        "",
+        f"## Terms ({len(terms)})",
+        "",
+        "| term | mechanism | forms (id) |",
+        "| --- | --- | --- |",
+    ]
+    for term in terms[:_SHOWN_TERMS]:
+        forms = ", ".join(f"`{text!r}` ({form['id']})" for text, form in term.get("forms", {}).items())
+        lines.append(f"| {_cell(term['term'])} | {term.get('mechanism', '')} | {_cell(forms)} |")
+    if len(terms) > _SHOWN_TERMS:
+        lines.append(f"| … {len(terms) - _SHOWN_TERMS} more in `tide_extension.json` | | |")
+    lines += ["", "`tide_extension.json` lists every term, form, intermediate token and id; "
+              "`metrics.json` every measurement; `manifest.json` the sha256 of every file.", ""]
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")

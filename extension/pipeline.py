@@ -1,0 +1,251 @@
+"""run(spec, callbacks) -> result: load -> (mine) -> extend -> init -> train -> evaluate -> publish.
+
+The CLI and the worker call only this. Everything the service needs goes through `callbacks`
+(stage changes, progress, events, warnings, the cancel check, a work folder for checkpoints).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import corpus as corpus_io
+from .card import model_card
+from .errors import InvalidOptionError, InvalidTermsError, JobCancelled
+from .models import ModelSources, load_model, load_tokenizer, resolve_model
+from .publish import check_output_dir, publish
+from .spec import Callbacks, ExtendSpec
+
+STAGES = ("load", "mine", "extend", "init", "train", "evaluate", "publish")
+DEFAULT_SOURCES = ModelSources(cache_dir=Path.home() / ".cache" / "tide")
+
+
+@dataclass
+class PipelineResult:
+    out_dir: Path
+    metrics: dict
+    manifest: list[dict]
+    extension: dict
+    mined_terms: list[dict] | None = None
+    seconds: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        counts = self.extension.get("counts", {})
+        lines = [
+            f"Extended model written to {self.out_dir}",
+            f"  terms added: {counts.get('terms_added', '?')}, new vocabulary entries: "
+            f"{counts.get('new_vocab_entries', '?')}, skipped: {counts.get('skipped', 0)}",
+        ]
+        for key, row in self.metrics.get("comparison", {}).items():
+            if "before" in row:
+                lines.append(f"  {key}: {row['before']:.4f} -> {row['after']:.4f}")
+        lines.append(f"  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()))
+        return "\n".join(lines)
+
+
+def validate_spec(spec: ExtendSpec) -> None:
+    """Cheap checks that need no model; the context-length limit is checked after loading."""
+    from .train import TrainConfig
+
+    if not spec.terms and spec.corpus_path is None:
+        raise InvalidOptionError("give terms, a corpus, or both (--terms / --corpus)", param="terms")
+    for name, value, low, high in (
+        ("max_new_tokens", spec.max_new_tokens, 1, 100_000),
+        ("min_frequency", spec.min_frequency, 1, 1_000_000),
+        ("max_term_chars", spec.max_term_chars, 1, 1024),
+        ("pad_to_multiple_of", spec.pad_to_multiple_of, 1, 4096),
+        ("eval_max_bytes", spec.eval_max_bytes, 1000, 100_000_000),
+    ):
+        if not isinstance(value, int) or not low <= value <= high:
+            flag = "--" + name.replace("_", "-")
+            raise InvalidOptionError(f"{flag} must be an integer from {low} to {high}, got {value!r}", param=name)
+    TrainConfig.from_spec(spec).validate()
+
+
+class _Stages:
+    """Announce stages, time them, and honour cancellation between them."""
+
+    def __init__(self, callbacks: Callbacks):
+        self.callbacks = callbacks
+        self.seconds: dict[str, float] = {}
+        self._current: str | None = None
+        self._started = 0.0
+
+    def enter(self, name: str) -> None:
+        self.close()
+        if self.callbacks.should_cancel():
+            raise JobCancelled(f"cancelled before {name}")
+        self._current, self._started = name, time.perf_counter()
+        self.callbacks.on_stage(name)
+
+    def close(self) -> None:
+        if self._current:
+            self.seconds[self._current] = round(time.perf_counter() - self._started, 2)
+            self._current = None
+
+
+def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSources | None = None) -> PipelineResult:
+    from .evaluate import compare, evaluate_model, load_general_text
+    from .init import apply_rows, subword_mean_rows
+
+    callbacks = callbacks or Callbacks()
+    sources = sources or DEFAULT_SOURCES
+    validate_spec(spec)
+    check_output_dir(spec.out_dir, force=spec.force)
+    if spec.corpus_path is not None:
+        corpus_io.check_corpus(spec.corpus_path, text_field=spec.corpus_text_field)
+    stages = _Stages(callbacks)
+    torch.manual_seed(spec.seed)
+
+    stages.enter("load")
+    resolved = resolve_model(spec.base_model, sources, allow_local_paths=spec.allow_local_paths)
+    tokenizer = load_tokenizer(resolved, sources)
+    model = load_model(resolved, sources).eval()
+    model.requires_grad_(False)
+    from .train import TrainConfig, max_positions
+
+    TrainConfig.from_spec(spec).validate(max_positions=max_positions(model))
+
+    mined = None
+    if spec.corpus_path is not None and not spec.terms:
+        stages.enter("mine")
+        mined = _mine(spec, tokenizer, callbacks)
+        extended = mined.extended
+    else:
+        stages.enter("extend")
+        extended = _extend(spec, tokenizer, callbacks)
+    if not extended.new_tokens:
+        raise InvalidTermsError(
+            "nothing to add: every term is already a single token of the base tokenizer (or a "
+            "duplicate); see the skipped list",
+            param="terms",
+        )
+    callbacks.on_event("extension", extended.to_json())
+
+    stages.enter("init")
+    rows = subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
+
+    stages.enter("train")
+    history: list[dict] = []
+    if spec.steps > 0:
+        rows, history = _train(spec, model, extended, rows, callbacks)
+
+    stages.enter("evaluate")
+    general = load_general_text()
+    held_out = _held_out_docs(spec)
+    new_ids = [t.id for t in extended.new_tokens]
+    before = evaluate_model(model, tokenizer, held_out, general, max_bytes=spec.eval_max_bytes)
+    calibration = _calibration_ids(tokenizer, general)
+    init_report = apply_rows(
+        model, rows, base_vocab_size=extended.base_vocab_size,
+        pad_to_multiple_of=spec.pad_to_multiple_of, calibration_ids=calibration,
+    )
+    if init_report.get("padding_probability_ok") is False:
+        callbacks.on_warning(
+            f"padding rows take up to {init_report['padding_probability_max']:.2e} of the probability "
+            "on general text (limit 1e-4); generation_config.suppress_tokens lists them"
+        )
+    after = evaluate_model(model, extended.tokenizer, held_out, general, new_token_ids=new_ids, max_bytes=spec.eval_max_bytes)
+    metrics = {
+        "before": before,
+        "after": after,
+        "comparison": compare(before, after),
+        "padding": {k: v for k, v in init_report.items() if k != "padding_ids"},
+        "training": {"steps": spec.steps, "history": history},
+    }
+    callbacks.on_event("metrics", {"comparison": metrics["comparison"]})
+
+    stages.enter("publish")
+    extension = {
+        "base_model": {"name": spec.base_model, "source": resolved.kind},
+        "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force"}},
+        "init": "subword_mean",
+        "trained_steps": spec.steps,
+        "vocab": {k: init_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
+        "padding_ids": init_report["padding_ids"],
+        **extended.to_json(),
+    }
+    if mined is not None:
+        extension["mining"] = mined.to_json()
+    card = model_card(spec, extension, metrics, history)
+    manifest = publish(
+        spec.out_dir, model=model, tokenizer=extended.tokenizer, extension=extension, metrics=metrics,
+        model_card=card, history=history,
+        adapter_token_ids=list(range(extended.base_vocab_size, init_report["vocab_size"])),
+        adapter_target_module=_embedding_module_name(model), force=spec.force,
+    )
+    stages.close()
+    return PipelineResult(
+        out_dir=Path(spec.out_dir), metrics=metrics, manifest=manifest, extension=extension,
+        mined_terms=[t for t in extension.get("mining", {}).get("terms", [])] if mined else None,
+        seconds=stages.seconds,
+    )
+
+
+def _extend(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
+    from .tokenizer import extend_tokenizer
+
+    extended = extend_tokenizer(tokenizer, spec.terms or [], max_term_chars=spec.max_term_chars)
+    for skipped in extended.skipped:
+        callbacks.on_warning(f"term {skipped.term!r} skipped: {skipped.detail}")
+    return extended
+
+
+def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
+    from .mining import mine_terms
+
+    mined = mine_terms(
+        tokenizer, spec.corpus_path, max_new_tokens=spec.max_new_tokens,
+        min_frequency=spec.min_frequency, text_field=spec.corpus_text_field,
+    )
+    callbacks.on_event("mined_terms", mined.report)
+    return mined
+
+
+def _train(spec: ExtendSpec, model, extended, rows, callbacks: Callbacks):
+    from .rows import attach
+    from .train import TrainConfig, corpus_windows, train_rows, training_model
+
+    config = TrainConfig.from_spec(spec)
+    # On a GPU this is a bf16 copy; the trained fp32 rows go back into the original model.
+    model = training_model(model)
+    if spec.corpus_path is not None:
+        objective = corpus_windows(
+            spec.corpus_path, extended.tokenizer, base_vocab_size=extended.base_vocab_size,
+            config=config, text_field=spec.corpus_text_field,
+        )
+    else:
+        from .distill import terms_objective
+
+        objective = terms_objective(model, extended, config)
+    adapter = attach(model, extended.base_vocab_size, rows, pad_to_multiple_of=spec.pad_to_multiple_of)
+    try:
+        result = train_rows(model, adapter, objective, config, callbacks)
+        return result.rows, result.history
+    finally:
+        adapter.detach()
+
+
+def _held_out_docs(spec: ExtendSpec) -> list[str]:
+    if spec.corpus_path is None:
+        return []
+    return list(corpus_io.held_out_documents(spec.corpus_path, text_field=spec.corpus_text_field))
+
+
+def _calibration_ids(tokenizer, general) -> torch.Tensor | None:
+    text = "\n\n".join(general.documents)[:4000] if general else ""
+    if not text:
+        return None
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[:, :512]
+    return ids
+
+
+def _embedding_module_name(model) -> str:
+    embedding = model.get_input_embeddings()
+    for name, module in model.named_modules():
+        if module is embedding:
+            return name.rsplit(".", 1)[-1]
+    return "embed_tokens"
