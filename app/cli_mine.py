@@ -61,7 +61,7 @@ def format_table(result, *, top: int = 50) -> str:
         text_width = min(32, max(len(repr(t.text)) for t in terms))
         lines.append(f"{'rank':>5}  {'saved':>8}  {'freq':>8}  {'kind':<12}  {'term':<{text_width}}  original pieces")
         for term in terms:
-            pieces = " | ".join(term.original_pieces)
+            pieces = " | ".join(repr(piece) for piece in term.original_texts)
             lines.append(
                 f"{term.rank:>5}  {term.tokens_saved:>8}  {term.frequency:>8}  {term.kind:<12}  "
                 f"{repr(term.text):<{text_width}}  {pieces}"

@@ -244,6 +244,7 @@ def _terms(view: TokenizerView, continuation: Continuation, extended, min_freque
             frequency=continuation.usage[rank],
             original_pieces=list(pieces),
             original_ids=[view.token_id(p) for p in pieces],
+            original_texts=[view.token_text(p) for p in pieces],
             kind="intermediate" if intermediate else "term",
         ))
     return terms

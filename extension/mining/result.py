@@ -19,6 +19,7 @@ class MinedTerm:
     frequency: int  # how often the token occurs in the training split after extension
     original_pieces: list[str]  # the base tokens it replaces
     original_ids: list[int]
+    original_texts: list[str]  # what each of those pieces spells
     kind: str  # "term", or "intermediate": a step toward longer tokens, rarely used on its own
 
     def to_json(self) -> dict[str, Any]:
