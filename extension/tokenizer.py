@@ -252,7 +252,7 @@ class _Form:
 
 
 class _BaseView:
-    """The base tokenizer, read once: its JSON, vocab, and how it maps text to the BPE model."""
+    """The base tokenizer, read once: its JSON text, vocab, and how it maps text to the BPE model."""
 
     def __init__(self, tokenizer):
         backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -264,18 +264,18 @@ class _BaseView:
             )
         self.tokenizer = tokenizer
         self.backend = backend
-        self.spec: dict = json.loads(backend.to_str())
-        model = self.spec["model"]
-        self.is_bpe = model.get("type") == "BPE"
+        self.source = backend.to_str()  # the base tokenizer.json, which is extended as text
+        self._model = backend.model
+        self.model_type = type(self._model).__name__
+        self.is_bpe = self.model_type == "BPE"
         self.size = len(tokenizer)
-        self.vocab: dict[str, int] = dict(model["vocab"]) if self.is_bpe else {}
-        self.byte_fallback = bool(model.get("byte_fallback")) if self.is_bpe else False
-        self.unk = model.get("unk_token") if self.is_bpe else None
-        self.added_contents = {token["content"] for token in self.spec.get("added_tokens", [])}
+        self.vocab: dict[str, int] = backend.get_vocab(with_added_tokens=False) if self.is_bpe else {}
+        self.byte_fallback = bool(self._model.byte_fallback) if self.is_bpe else False
+        self.unk = self._model.unk_token if self.is_bpe else None
+        self.added_contents = {token.content for token in backend.get_added_tokens_decoder().values()}
         self._normalizer = backend.normalizer
         self._pre_tokenizer = backend.pre_tokenizer
         self._decoder = backend.decoder
-        self._model = backend.model
         # A one-letter text whose model form leads every probe: "a", or "▁a" where a prefix is added.
         self._head = "".join(self.pretokens("a"))
         self._head_text = self._decode([self._head]) if self._decoder else self._head
@@ -626,31 +626,67 @@ def _layout(view: _BaseView, plan: _Plan, added: list[str]) -> _Layout:
     return _Layout(plan, added, ids, added_ids)
 
 
+def _added_token_entry(content: str, token_id: int) -> dict:
+    return {"id": token_id, "content": content, "single_word": True, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": False}
+
+
 def _build_backend(view: _BaseView, layout: _Layout):
     from tokenizers import Tokenizer
 
-    spec = dict(view.spec)
-    model = dict(spec["model"])
+    text = _spliced_json(view.source, layout) or _rebuilt_json(view.source, layout)
+    return Tokenizer.from_str(text)
+
+
+def _spliced_json(source: str, layout: _Layout) -> str | None:
+    """The base tokenizer.json with the new vocab, merges and added tokens written into it as text.
+
+    Parsing and re-serialising a 33 MB tokenizer.json (Gemma's) costs seconds; the serialised
+    layout is fixed (`added_tokens` before `normalizer`; `vocab` then `merges` closing `model`,
+    which closes the file), and an unescaped `"` never occurs inside a JSON string, so the
+    insertion points are unambiguous. None when the layout is not the expected one."""
+    dumps = lambda value: json.dumps(value, ensure_ascii=False)  # noqa: E731
+    vocab_end = source.rfind('},"merges":[')
+    added_start = source.find('"added_tokens":[')
+    added_end = source.find('],"normalizer":', added_start)
+    if vocab_end < 0 or added_start < 0 or added_end < 0 or not source.endswith("]}}"):
+        return None
+    merges_start = vocab_end + len('},"merges":[')
+    merges = layout.plan.table.merges
+    if source[merges_start] == '"':  # the old "left right" string format
+        if any(" " in left or " " in right for left, right in merges):
+            return None
+        merge_items = [dumps(f"{left} {right}") for left, right in merges]
+    else:
+        merge_items = [dumps([left, right]) for left, right in merges]
+    vocab_items = [f"{dumps(string)}:{token_id}" for string, token_id in layout.ids.items()]
+    added_items = [dumps(_added_token_entry(content, token_id)) for content, token_id in layout.added_ids.items()]
+
+    def joined(items: list[str], after: str) -> str:
+        return ("" if after in "[{" else ",") + ",".join(items) if items else ""
+
+    merges_end = len(source) - 3
+    return (
+        source[:added_end] + joined(added_items, source[added_end - 1])
+        + source[added_end:vocab_end] + joined(vocab_items, source[vocab_end - 1])
+        + source[vocab_end:merges_end] + joined(merge_items, source[merges_end - 1])
+        + source[merges_end:]
+    )
+
+
+def _rebuilt_json(source: str, layout: _Layout) -> str:
+    """The same result through a full parse (any tokenizer.json layout)."""
+    spec = json.loads(source)
+    model = spec["model"]
     if layout.ids:
-        vocab = dict(model["vocab"])
-        vocab.update(layout.ids)
-        model["vocab"] = vocab
-        base_merges = model["merges"]
-        as_pairs = not base_merges or not isinstance(base_merges[0], str) or any(
-            " " in left or " " in right for left, right in layout.plan.table.merges
-        )
-        if as_pairs:
-            old = [m.split(" ", 1) if isinstance(m, str) else m for m in base_merges]
-            model["merges"] = old + [[left, right] for left, right in layout.plan.table.merges]
-        else:
-            model["merges"] = base_merges + [f"{left} {right}" for left, right in layout.plan.table.merges]
-    spec["model"] = model
-    spec["added_tokens"] = list(spec.get("added_tokens", [])) + [
-        {"id": token_id, "content": content, "single_word": True, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": False}
-        for content, token_id in layout.added_ids.items()
-    ]
-    return Tokenizer.from_str(json.dumps(spec, ensure_ascii=False))
+        model["vocab"].update(layout.ids)
+    merges = layout.plan.table.merges
+    if merges:
+        if model["merges"] and isinstance(model["merges"][0], str):
+            model["merges"] = [m.split(" ", 1) for m in model["merges"]]
+        model["merges"] += [[left, right] for left, right in merges]
+    spec["added_tokens"] += [_added_token_entry(content, token_id) for content, token_id in layout.added_ids.items()]
+    return json.dumps(spec, ensure_ascii=False)
 
 
 def _contexts(term: str, start_id: int, space_id: int) -> list[tuple[str, int]]:
@@ -737,7 +773,7 @@ def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 6
     view = _BaseView(tokenizer)
     if mechanism == "merges" and not view.is_bpe:
         raise InvalidOptionError(
-            f"mechanism 'merges' needs a BPE tokenizer, but this one is {view.spec['model'].get('type')!r}; "
+            f"mechanism 'merges' needs a BPE tokenizer, but this one is {view.model_type!r}; "
             "use mechanism 'auto' or 'added_tokens'",
             param="mechanism",
         )
@@ -900,7 +936,7 @@ def extend_with_merges(tokenizer, merges: Sequence[tuple[str, str]]) -> Extended
     view = _BaseView(tokenizer)
     if not view.is_bpe:
         raise InvalidOptionError(
-            f"new merges need a BPE tokenizer, but this one is {view.spec['model'].get('type')!r}",
+            f"new merges need a BPE tokenizer, but this one is {view.model_type!r}",
             param="merges",
         )
     table = _MergeTable(view.vocab)

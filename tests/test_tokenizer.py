@@ -217,6 +217,24 @@ def test_decode_encode_round_trip_on_mixed_text(family, mixed_text):
         assert decoded == mixed_text
 
 
+def test_written_tokenizer_json_equals_a_full_rebuild(family):
+    # The new vocab, merges and added tokens are written into the base tokenizer.json as text
+    # (fast on a 33 MB file); a full parse-and-dump must give the same tokenizer.
+    from tokenizers import Tokenizer
+
+    from extension.tokenizer import _BaseView, _layout, _plan_merges, _rebuilt_json, _spliced_json
+
+    _, tokenizer, ext = family
+    view = _BaseView(tokenizer)
+    plan = _plan_merges(view, [])
+    for left, right in ext.merges:
+        plan.table.add(left, right)
+    layout = _layout(view, plan, ["C++", "client-server"])
+    spliced = _spliced_json(view.source, layout)
+    assert spliced is not None
+    assert Tokenizer.from_str(spliced).to_str() == Tokenizer.from_str(_rebuilt_json(view.source, layout)).to_str()
+
+
 def test_base_tokenizer_is_not_changed():
     tokenizer = _train("byte_level")
     before = tokenizer.backend_tokenizer.to_str()
