@@ -174,9 +174,11 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=1000, help="new rows")
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "step_speed.md")
     parser.add_argument("--memory-child", nargs=2, metavar=("MODEL", "SYSTEM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     if args.memory_child:
         print(json.dumps(memory_child(*args.memory_child, args.new, args.batch_size, args.seq_len)))
         return
@@ -188,7 +190,7 @@ def main() -> None:
         for system in SYSTEMS:
             child = subprocess.run(
                 [sys.executable, __file__, "--memory-child", model_name, system, "--new", str(args.new),
-                 "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len)],
+                 "--batch-size", str(args.batch_size), "--seq-len", str(args.seq_len), "--threads", str(args.threads)],
                 capture_output=True, text=True, check=True,
             )
             memory[system] = json.loads(child.stdout.strip().splitlines()[-1])
@@ -202,7 +204,7 @@ def write_report(args, results: dict) -> None:
         "# One training step: ours vs PEFT Trainable Tokens vs full-embedding fine-tuning vs the limit",
         "",
         f"Command: `nice -n 10 .venv/bin/python benchmarks/step_speed.py --models {args.models} --reps {args.reps} "
-        f"--new {args.new} --batch-size {args.batch_size} --seq-len {args.seq_len}`",
+        f"--new {args.new} --batch-size {args.batch_size} --seq-len {args.seq_len} --threads {args.threads}`",
         "",
         f"CPU only ({torch.get_num_threads()} threads, torch {torch.__version__}), fp32, batch {args.batch_size} x "
         f"seq {args.seq_len}, {args.new} new rows, 10% of the input ids new. Step time: median of {args.reps} "

@@ -336,6 +336,27 @@ def corpus_windows(corpus_path: Path, tokenizer, *, base_vocab_size: int, config
                         seq_len=config.seq_len, seed=config.seed, sampling=sampling, prefix=window_prefix(tokenizer))
 
 
+# Chosen by measurement (benchmarks/results/window_sampling.md, terms_only_training.md).
+DEFAULT_SAMPLING = "mixed"
+DEFAULT_TERMS_OBJECTIVE = "distill"
+
+
+def build_training_data(spec, model, extended, callbacks: Callbacks | None = None, *,
+                        sampling: str = DEFAULT_SAMPLING, terms_objective: str = DEFAULT_TERMS_OBJECTIVE):
+    """The objective of a job: corpus windows when there is a corpus, else contexts generated
+    by the base model for the terms. Call BEFORE attaching the adapter (generation uses the
+    plain base model). Validates the training options against the model."""
+    callbacks = callbacks or Callbacks()
+    config = TrainConfig.from_spec(spec).validate(max_positions=max_positions(model))
+    if spec.corpus_path is not None:
+        return corpus_windows(spec.corpus_path, extended.tokenizer, base_vocab_size=extended.base_vocab_size,
+                              config=config, sampling=sampling, text_field=spec.corpus_text_field)
+    from .distill import terms_objective as build
+
+    return build(model, extended, config, objective=terms_objective, work_dir=callbacks.work_dir,
+                 should_cancel=callbacks.should_cancel)
+
+
 # -- devices ----------------------------------------------------------------------------------
 def training_model(model, device: str | torch.device | None = None):
     """The model to attach the adapter to. CPU: the model itself. CUDA: a bf16 copy on the GPU

@@ -173,3 +173,123 @@ def test_window_prefix_is_prepended():
     data = TokenWindows(tokens, base_vocab_size=BASE_VOCAB, batch_size=2, seq_len=16, sampling="sequential", prefix=[1])
     batch = data.batch(0)
     assert batch.shape == (2, 17) and (batch[:, 0] == 1).all() and torch.equal(batch[0, 1:], tokens[:16])
+
+
+# -- terms-only data (extension.distill) -------------------------------------------------------
+@pytest.fixture(scope="module")
+def smollm2_extended(smollm2_tokenizer):
+    from extension.tokenizer import extend_tokenizer
+
+    return extend_tokenizer(smollm2_tokenizer, ["Macintosh", "Fortran"])
+
+
+@pytest.fixture(scope="module")
+def tiny_49k():
+    return tiny_llama(vocab_size=49152, tied=True)
+
+
+def test_teacher_ids_expand_new_tokens_to_their_original_pieces(smollm2_extended, smollm2_tokenizer):
+    from extension.distill import expand
+
+    text = "Old Fortran code on a Macintosh."
+    student = smollm2_extended.tokenizer(text)["input_ids"]
+    pieces = {t.id: t.base_ids for t in smollm2_extended.new_tokens}
+    context = expand(student, smollm2_extended.base_vocab_size, pieces)
+    assert any(i >= smollm2_extended.base_vocab_size for i in student)
+    assert context.teacher == smollm2_tokenizer(text)["input_ids"]
+    for j, token in enumerate(student):
+        span = context.teacher[context.first_piece[j] : context.last_piece[j] + 1]
+        assert span == (pieces[token] if token >= smollm2_extended.base_vocab_size else [token])
+
+
+def test_distillation_targets_move_the_piece_chain_to_the_new_token(smollm2_extended, tiny_49k):
+    from extension.distill import TermContextObjective
+
+    ext = smollm2_extended
+    model = tiny_49k
+    texts = ["Programs in Fortran ran on every Macintosh."]
+    data = TermContextObjective(texts, ext, batch_size=1, seq_len=64, objective="distill")
+    context = data.contexts[0]
+    adapter = attach(model, ext.base_vocab_size, NewRows(input=torch.zeros(len(ext.new_tokens), DIM)))
+    try:
+        targets = data._teacher_targets(adapter, [context], len(context.student))
+        p_old, p_new = targets(0, len(context.student))
+        with torch.no_grad():
+            teacher = torch.softmax(model(input_ids=torch.tensor([context.teacher])).logits[0, :, : ext.base_vocab_size].float(), -1)
+    finally:
+        adapter.detach()
+    assert torch.all(p_old[-1] == 0) and torch.all(p_new[-1] == 0)  # nothing after the last token
+    assert torch.allclose(p_old.sum(1)[:-1] + p_new.sum(1)[:-1], torch.ones(len(context.student) - 1), atol=1e-5)
+    for j in range(len(context.student) - 1):
+        nxt = context.student[j + 1]
+        expected = teacher[context.last_piece[j]].clone()
+        if nxt >= ext.base_vocab_size:
+            first, last = context.first_piece[j + 1], context.last_piece[j + 1]
+            chain = torch.prod(torch.stack([teacher[pos - 1, context.teacher[pos]] for pos in range(first, last + 1)]))
+            assert p_new[j, nxt - ext.base_vocab_size] == pytest.approx(float(chain), rel=1e-4)
+            expected[context.teacher[first]] -= chain
+        else:
+            assert torch.all(p_new[j] == 0)
+        assert torch.allclose(p_old[j], expected, atol=1e-6)
+
+
+def test_generated_contexts_are_seeded_and_cached(smollm2_extended, tiny_49k, tmp_path):
+    from extension.distill import CONTEXTS_FILE, term_contexts
+
+    first = term_contexts(tiny_49k, smollm2_extended, per_term=2, max_new_tokens=6, seed=1, work_dir=tmp_path)
+    assert len(first) == 4 and (tmp_path / CONTEXTS_FILE).exists()
+    assert "Macintosh" in first[0] and "Fortran" in first[2]
+    assert term_contexts(tiny_49k, smollm2_extended, per_term=2, max_new_tokens=6, seed=1, work_dir=tmp_path) == first
+    from extension.distill import generate_texts
+
+    assert generate_texts(tiny_49k, smollm2_extended, per_term=2, max_new_tokens=6, seed=1) == first
+
+
+@pytest.mark.parametrize("objective", ["distill", "lm"])
+def test_terms_objectives_train(smollm2_extended, tiny_49k, objective):
+    from extension.distill import TermContextObjective
+
+    texts = ["The Fortran compiler.", "A Macintosh computer runs Fortran programs.", "Fortran is old."]
+    data = TermContextObjective(texts, smollm2_extended, batch_size=2, seq_len=32, objective=objective)
+    rows = NewRows(input=torch.zeros(len(smollm2_extended.new_tokens), DIM))
+    model = copy.deepcopy(tiny_49k)
+    adapter = attach(model, smollm2_extended.base_vocab_size, rows)
+    before = [float(data.loss(adapter, s)[0].detach()) for s in range(2)]
+    train_rows(model, adapter, data, TrainConfig(steps=8, batch_size=2, seq_len=32, lr=1e-2, warmup_steps=1))
+    after = [float(data.loss(adapter, s)[0].detach()) for s in range(2)]
+    assert sum(after) < sum(before)
+
+
+# -- the real model -----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_loss_goes_down_on_real_text_with_smollm2(smollm2_path, smollm2_tokenizer, tmp_path):
+    """FOLDOC paragraphs (read from the installed dict-foldoc), 8 real terms, SmolLM2."""
+    import gzip
+    import itertools
+
+    from transformers import AutoModelForCausalLM
+
+    from extension.init import subword_mean_rows
+    from extension.tokenizer import extend_tokenizer
+    from extension.train import corpus_windows
+
+    with gzip.open("/usr/share/dictd/foldoc.dict.dz", "rt", encoding="utf-8") as handle:
+        lines = [line.strip() for line in itertools.islice(handle, 20_000, 26_000)]
+    corpus = tmp_path / "foldoc.txt"
+    corpus.write_text("\n".join(lines), encoding="utf-8")
+    terms = ["programming", "Unix", "operating", "Fortran", "protocol", "hardware", "compiler", "Internet"]
+    ext = extend_tokenizer(smollm2_tokenizer, terms)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path).eval()
+    before_params = {n: p.clone() for n, p in model.named_parameters()}
+    config = TrainConfig(steps=6, batch_size=2, seq_len=64, warmup_steps=1, lr=2e-3)
+    data = corpus_windows(corpus, ext.tokenizer, base_vocab_size=ext.base_vocab_size, config=config, sampling="centred")
+    assert len(data.occurrences) > 50
+    adapter = attach(model, ext.base_vocab_size, subword_mean_rows(model, ext.new_tokens, ext.base_vocab_size))
+    with torch.no_grad():
+        before = sum(float(data.loss(adapter, s)[0]) for s in range(3))
+    result = train_rows(model, adapter, data, config)
+    with torch.no_grad():
+        after = sum(float(data.loss(adapter, s)[0]) for s in range(3))
+    adapter.detach()
+    assert after < before * 0.98, (before, after, [h["loss"] for h in result.history])
+    assert all(torch.equal(p, before_params[n]) for n, p in model.named_parameters())

@@ -1,0 +1,231 @@
+"""Terms-only jobs: train the new rows without a corpus.
+
+Contexts come from the base model itself: for each term, a short neutral prompt containing the
+term is continued by sampling, so the text is what the base model expects around the term.
+Two objectives over those texts (measured in benchmarks/results/terms_only_training.md):
+
+- "distill" (Token Distillation, arXiv 2505.20133, extended to the output side): the student
+  reads the text with the new tokens; the teacher is the same frozen model reading the term's
+  ORIGINAL pieces. At every position the student's next-token distribution is trained towards
+  the teacher's — after a term this teaches the input row to mean what the pieces meant. Where
+  the next token is a new one, the teacher's probability of the whole piece chain
+  (p(piece 1) * p(piece 2 | piece 1) * ...) moves from its first piece to the new token, which
+  teaches the output row how likely the term is in that context.
+- "lm": plain next-token loss on the same texts tokenised with the extended tokenizer.
+
+Teacher ids are the student ids with each new token expanded to its original base ids, so every
+student position has exactly one aligned teacher position.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .rows import IGNORE_INDEX, RowsAdapter
+
+OBJECTIVES = ("distill", "lm")
+# Neutral openings: the term appears at the start, after a word, and before a verb, so each
+# context has it in its natural in-text forms ("term" and " term").
+TEMPLATES = ("{term}", "The {term}", "{term} is", "A note on {term}:", "In practice, {term}")
+CONTEXTS_FILE = "term_contexts.json"
+
+
+@dataclass
+class Context:
+    student: list[int]  # extended-tokenizer ids (new ids included)
+    teacher: list[int]  # the same text in base ids (each new id expanded to its original pieces)
+    last_piece: list[int]  # per student position: teacher position of the last piece of that token
+    first_piece: list[int]  # per student position: teacher position of the first piece
+
+
+def expand(ids: list[int], base_vocab_size: int, pieces: dict[int, list[int]]) -> Context:
+    teacher: list[int] = []
+    first: list[int] = []
+    last: list[int] = []
+    for token in ids:
+        first.append(len(teacher))
+        teacher.extend(pieces[token] if token >= base_vocab_size else [token])
+        last.append(len(teacher) - 1)
+    return Context(student=list(ids), teacher=teacher, last_piece=last, first_piece=first)
+
+
+def _prompt_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text)["input_ids"]  # with the tokenizer's own special tokens (Gemma: BOS)
+
+
+@torch.no_grad()
+def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 64, seed: int = 0,
+                   batch_size: int = 16, should_cancel=None) -> list[str]:
+    """Sample `per_term` continuations of a prompt containing each term, with the BASE model
+    (call before attaching the adapter). Returns the full texts, prompt included."""
+    tokenizer = extended.tokenizer
+    pieces = {t.id: t.base_ids for t in extended.new_tokens}
+    prompts: list[list[int]] = []
+    for index, term in enumerate(extended.terms):
+        template = TEMPLATES[index % len(TEMPLATES)]
+        student = _prompt_ids(tokenizer, template.format(term=term.term))
+        prompts.extend([expand(student, extended.base_vocab_size, pieces).teacher] * per_term)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    texts: list[str] = []
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        for start in range(0, len(prompts), batch_size):
+            if should_cancel is not None and should_cancel():
+                from .errors import JobCancelled
+
+                raise JobCancelled("cancelled while generating term contexts")
+            batch = prompts[start : start + batch_size]
+            width = max(len(p) for p in batch)
+            ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, top_p=0.95,
+                                 temperature=0.8, max_new_tokens=max_new_tokens, pad_token_id=pad)
+            for row, prompt in zip(out, batch):
+                texts.append(tokenizer.decode(row[width - len(prompt):].tolist(), skip_special_tokens=True))
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return texts
+
+
+def term_contexts(model, extended, *, per_term: int = 4, max_new_tokens: int = 64, seed: int = 0,
+                  work_dir: Path | None = None, should_cancel=None) -> list[str]:
+    """generate_texts, cached in work_dir so a resumed job trains on the very same texts."""
+    key = hashlib.sha256(json.dumps(
+        [[t.term for t in extended.terms], per_term, max_new_tokens, seed, extended.base_vocab_size]
+    ).encode()).hexdigest()
+    cache = Path(work_dir) / CONTEXTS_FILE if work_dir else None
+    if cache is not None and cache.exists():
+        saved = json.loads(cache.read_text())
+        if saved.get("key") == key:
+            return saved["texts"]
+    texts = generate_texts(model, extended, per_term=per_term, max_new_tokens=max_new_tokens, seed=seed,
+                           should_cancel=should_cancel)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"key": key, "texts": texts}))
+        tmp.replace(cache)
+    return texts
+
+
+class TermContextObjective:
+    """Batches of generated contexts; loss per `objective` (see the module docstring)."""
+
+    def __init__(self, texts: list[str], extended, *, batch_size: int, seq_len: int, seed: int = 0,
+                 objective: str = "distill"):
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}")
+        self.base_vocab_size = extended.base_vocab_size
+        self.num_new = len(extended.new_tokens)
+        pieces = {t.id: t.base_ids for t in extended.new_tokens}
+        tokenizer = extended.tokenizer
+        self.contexts = []
+        for text in texts:
+            ids = _prompt_ids(tokenizer, text)[:seq_len]
+            if len(ids) >= 2:
+                self.contexts.append(expand(ids, self.base_vocab_size, pieces))
+        if not self.contexts:
+            raise ValueError("no usable term contexts")
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+        self.batch_size, self.seed, self.objective = batch_size, seed, objective
+
+    def batch(self, step: int) -> list[Context]:
+        chosen = []
+        for i in range(self.batch_size):
+            epoch, slot = divmod(step * self.batch_size + i, len(self.contexts))
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            chosen.append(self.contexts[int(torch.randperm(len(self.contexts), generator=g)[slot])])
+        return chosen
+
+    def _pad(self, rows: list[list[int]], device) -> torch.Tensor:
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [self.pad] * (width - len(r)) for r in rows], device=device)
+
+    def loss(self, adapter: RowsAdapter, step: int) -> tuple[torch.Tensor, int]:
+        contexts = self.batch(step)
+        device = adapter.input_rows.device
+        student = self._pad([c.student for c in contexts], device)
+        targets = torch.full_like(student, IGNORE_INDEX)
+        for b, c in enumerate(contexts):
+            targets[b, : len(c.student) - 1] = student[b, 1 : len(c.student)]
+        hidden = adapter.hidden(student)  # right padding: causal attention never sees the pads
+        if self.objective == "lm":
+            return adapter.loss_sum(hidden, targets)
+        return adapter.soft_loss_sum(hidden, self._teacher_targets(adapter, contexts, student.shape[1])), int(
+            (targets != IGNORE_INDEX).sum())
+
+    @torch.no_grad()
+    def _teacher_targets(self, adapter: RowsAdapter, contexts: list[Context], width: int):
+        """A function (start, end) -> (p_old, p_new) over the flattened student positions."""
+        device = adapter.input_rows.device
+        teacher_ids = self._pad([c.teacher for c in contexts], device)
+        teacher_hidden = adapter.hidden(teacher_ids)  # only base ids: exactly the base model
+        d = teacher_hidden.shape[-1]
+        index = torch.zeros(len(contexts), width, dtype=torch.long)  # aligned teacher position
+        valid = torch.zeros(len(contexts), width, dtype=torch.bool)
+        chains: list[tuple[int, int, int, list[tuple[int, int]]]] = []  # (flat row, first piece, new local id, [(pos, id)])
+        for b, c in enumerate(contexts):
+            n = len(c.student)
+            index[b, : n - 1] = torch.tensor(c.last_piece[: n - 1])
+            valid[b, : n - 1] = True
+            for j in range(n - 1):
+                nxt = c.student[j + 1]
+                if nxt >= self.base_vocab_size:
+                    first = c.first_piece[j + 1]
+                    steps = [(b * teacher_ids.shape[1] + pos - 1, c.teacher[pos])
+                             for pos in range(first, c.last_piece[j + 1] + 1)]
+                    chains.append((b * width + j, c.teacher[first], nxt - self.base_vocab_size, steps))
+        flat_teacher = teacher_hidden.reshape(-1, d)
+        rows = flat_teacher[(index + torch.arange(len(contexts)).unsqueeze(1) * teacher_ids.shape[1]).flatten().to(device)]
+        valid = valid.flatten().to(device)
+        old_weight, old_bias = adapter._base_head.weight[: self.base_vocab_size], None
+        head_bias = getattr(adapter._base_head, "bias", None)
+        if head_bias is not None:
+            old_bias = head_bias[: self.base_vocab_size]
+
+        def teacher_log_probs(h: torch.Tensor) -> torch.Tensor:
+            z = F.linear(h, old_weight, old_bias).float()
+            if adapter.softcap:
+                z = torch.tanh(z / adapter.softcap) * adapter.softcap
+            return torch.log_softmax(z, dim=-1)
+
+        chain_rows: dict[int, tuple[int, int, float]] = {}
+        if chains:
+            positions = torch.tensor([pos for *_, steps in chains for pos, _ in steps], device=device)
+            ids = torch.tensor([tok for *_, steps in chains for _, tok in steps], device=device)
+            logp = teacher_log_probs(flat_teacher[positions]).gather(1, ids.unsqueeze(1)).squeeze(1)
+            at = 0
+            for row, first, new_local, steps in chains:
+                chain_rows[row] = (first, new_local, float(logp[at : at + len(steps)].sum().exp()))
+                at += len(steps)
+
+        def targets(start: int, end: int):
+            p_old = teacher_log_probs(rows[start:end]).exp_()
+            p_old.mul_(valid[start:end].unsqueeze(1))
+            p_new = torch.zeros(end - start, self.num_new, device=device)
+            for row in range(start, end):
+                if row in chain_rows:
+                    first, new_local, chain = chain_rows[row]
+                    chain = min(chain, float(p_old[row - start, first]))
+                    p_old[row - start, first] -= chain
+                    p_new[row - start, new_local] = chain
+            return p_old, p_new
+
+        return targets
+
+
+def terms_objective(model, extended, config, *, objective: str = "distill", per_term: int = 4,
+                    max_new_tokens: int = 64, work_dir: Path | None = None, should_cancel=None) -> TermContextObjective:
+    """The training data of a terms-only job (call before attaching the adapter)."""
+    texts = term_contexts(model, extended, per_term=per_term, max_new_tokens=max_new_tokens, seed=config.seed,
+                          work_dir=work_dir, should_cancel=should_cancel)
+    return TermContextObjective(texts, extended, batch_size=config.batch_size, seq_len=config.seq_len + 1,
+                                seed=config.seed, objective=objective)
