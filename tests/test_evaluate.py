@@ -214,6 +214,26 @@ def test_gemma_soft_capped_logits_and_big_vocab(gemma3_tokenizer):
     assert result["bits_per_byte"] == pytest.approx(expected, rel=1e-5)
 
 
+def test_rows_adapter_attached_and_merged_score_the_same(smollm2_tokenizer):
+    """The pipeline may score a model with the rows adapter attached or after merge()."""
+    from extension.init import subword_mean_rows
+    from extension.rows import attach
+    from extension.tokenizer import extend_tokenizer
+
+    extended = extend_tokenizer(smollm2_tokenizer, ["hypertext", "immunohistochemistry", "backpropagation"])
+    new_ids = [token.id for token in extended.new_tokens]
+    model = tiny_llama(vocab_size=len(smollm2_tokenizer), tied=False)
+    adapter = attach(model, extended.base_vocab_size, subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size))
+    docs = ["The hypertext page explains backpropagation.",
+            "immunohistochemistry uses hypertext and backpropagation for immunohistochemistry."]
+    attached = score_documents(model, extended.tokenizer, docs, new_token_ids=new_ids)
+    adapter.merge()
+    merged = score_documents(model, extended.tokenizer, docs, new_token_ids=new_ids)
+    assert attached["new_tokens"] == merged["new_tokens"] == 6
+    # Merged padding rows keep a sliver of probability (the adapter masks them): < 0.1% here.
+    assert merged["bits_per_byte"] == pytest.approx(attached["bits_per_byte"], rel=1e-3)
+
+
 def test_chunk_longer_than_the_model_context_is_refused(smollm2_tokenizer):
     model = tiny_llama(vocab_size=len(smollm2_tokenizer))  # 256 positions
     with pytest.raises(ValueError, match="lower chunk_bytes"):
