@@ -1,0 +1,191 @@
+"""`tide extend` end to end on the real SmolLM2, and its bad-input behaviour.
+
+One init-only run (module fixture) is checked from every side: tokenizer, rows, tying, padding,
+files, reload, generation, and how much the new rows cost plain English text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from app.cli import main
+from extension.evaluate import read_fortune_file
+from extension.init import PADDING_PROBABILITY_LIMIT, is_tied, padding_probability
+from extension.publish import sha256_file
+from extension.tokenizer import read_terms_file
+
+REPO = Path(__file__).resolve().parent.parent
+TERMS = REPO / "examples" / "terms.txt"
+FORTUNES = Path("/usr/share/games/fortunes/fortunes")
+SPANISH = sorted(Path("/usr/share/games/fortunes/es").glob("*.fortunes"))
+
+
+@pytest.fixture(scope="module")
+def cli_env(tmp_path_factory, smollm2_path):
+    data = tmp_path_factory.mktemp("tide-data")
+    old = dict(os.environ)
+    os.environ.update(TIDE_DATA_DIR=str(data), TIDE_CACHE_DIR=str(smollm2_path.parent.parent))
+    from app.settings import get_settings
+
+    get_settings.cache_clear()
+    yield data
+    os.environ.clear()
+    os.environ.update(old)
+    get_settings.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def extended_dir(cli_env, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("out") / "smollm2-computing"
+    code = main(["extend", "--base-model", "smollm2-135m", "--terms", str(TERMS), "--steps", "0",
+                 "--eval-bytes", "4000", "--out", str(out)])
+    assert code == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def base_model(smollm2_path):
+    return AutoModelForCausalLM.from_pretrained(smollm2_path).eval()
+
+
+@pytest.fixture(scope="module")
+def extended_model(extended_dir):
+    return AutoModelForCausalLM.from_pretrained(extended_dir).eval()
+
+
+def test_published_folder_is_complete_and_manifest_matches(extended_dir):
+    names = {p.name for p in extended_dir.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+            "tide_extension.json", "metrics.json", "README.md", "manifest.json", "adapter"} <= names
+    manifest = json.loads((extended_dir / "manifest.json").read_text())["files"]
+    assert {entry["path"] for entry in manifest} >= {"model.safetensors", "adapter/adapter_model.safetensors"}
+    for entry in manifest:
+        path = extended_dir / entry["path"]
+        assert path.stat().st_size == entry["size"] and sha256_file(path) == entry["sha256"]
+    # no staging folders left beside the output
+    assert [p.name for p in extended_dir.parent.iterdir()] == [extended_dir.name]
+    assert (extended_dir / "adapter" / "adapter_model.safetensors").stat().st_size < 5_000_000
+
+
+def test_every_term_is_one_token_in_both_forms_after_reload(extended_dir, smollm2_tokenizer):
+    tokenizer = AutoTokenizer.from_pretrained(extended_dir)
+    assert tokenizer.is_fast
+    extension = json.loads((extended_dir / "tide_extension.json").read_text())
+    assert extension["base_model"]["name"] == "smollm2-135m"
+    for term in read_terms_file(TERMS):
+        for text in (term, f"The {term} is here.", f"({term})"):
+            ids = tokenizer(text, add_special_tokens=False).input_ids
+            pieces = tokenizer.convert_ids_to_tokens(ids)
+            assert any(tokenizer.convert_tokens_to_string([p]).strip() == term for p in pieces), (text, pieces)
+    # chat template and special tokens survive
+    assert tokenizer.chat_template == smollm2_tokenizer.chat_template
+    assert tokenizer.special_tokens_map == smollm2_tokenizer.special_tokens_map
+
+
+def test_rows_old_identical_new_subword_means_tied_padded(extended_dir, base_model, extended_model):
+    extension = json.loads((extended_dir / "tide_extension.json").read_text())
+    base_rows = base_model.get_input_embeddings().weight
+    rows = extended_model.get_input_embeddings().weight
+    base_vocab = extension["vocab"]["base_vocab_size"]
+    assert torch.equal(rows[:base_vocab], base_rows)
+    for token in extension["new_tokens"]:
+        assert torch.equal(rows[token["id"]], base_rows[token["base_ids"]].mean(0)), token
+    assert is_tied(extended_model)
+    vocab = extended_model.config.vocab_size
+    assert vocab % 64 == 0 and vocab == rows.shape[0] == extension["vocab"]["vocab_size"]
+    base_state = base_model.state_dict()
+    for name, value in extended_model.state_dict().items():
+        if "embed_tokens" not in name and "lm_head" not in name:
+            assert torch.equal(value, base_state[name]), name
+    suppressed = json.loads((extended_dir / "generation_config.json").read_text())["suppress_tokens"]
+    assert suppressed == extension["padding_ids"] == list(range(base_vocab + len(extension["new_tokens"]), vocab))
+
+
+def _ordinary_texts() -> dict[str, str]:
+    import pydoc_data.topics
+
+    return {
+        "english": "\n".join(read_fortune_file(FORTUNES)[300:400]),
+        "spanish": "\n".join(read_fortune_file(SPANISH[0])[:60]),
+        "python_docs": next(iter(pydoc_data.topics.topics.values()))[:6000],
+    }
+
+
+def test_padding_rows_practically_never_predicted(extended_dir, extended_model):
+    tokenizer = AutoTokenizer.from_pretrained(extended_dir)
+    padding = json.loads((extended_dir / "tide_extension.json").read_text())["padding_ids"]
+    for name, text in _ordinary_texts().items():
+        ids = tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids[:, :1024]
+        assert padding_probability(extended_model, ids, padding) < PADDING_PROBABILITY_LIMIT, name
+
+
+def _nll(model, ids: torch.Tensor) -> float:
+    with torch.no_grad():
+        return float(model(input_ids=ids, labels=ids).loss)
+
+
+def test_new_rows_cost_little_on_english_without_terms(extended_dir, base_model, extended_model):
+    """Same ids, same model except for extra softmax rows: the loss change is the mass they take."""
+    tokenizer = AutoTokenizer.from_pretrained(extended_dir)
+    terms = [t.lower() for t in read_terms_file(TERMS)]
+    fortunes = [f for f in read_fortune_file(FORTUNES) if not any(t in f.lower() for t in terms)]
+    ids = tokenizer("\n".join(fortunes[:120]), return_tensors="pt", add_special_tokens=False).input_ids[:, :1024]
+    assert int(ids.max()) < 49152  # none of the new tokens
+    before, after = _nll(base_model, ids), _nll(extended_model, ids)
+    change = (after - before) / before
+    print(f"\nplain-English loss: base {before:.4f} extended {after:.4f} ({change:+.3%})")
+    assert 0 <= change < 0.01
+
+
+def test_generates_with_new_tokens(extended_dir, extended_model):
+    tokenizer = AutoTokenizer.from_pretrained(extended_dir)
+    prompt = tokenizer("Emacs and Haskell are", return_tensors="pt")
+    assert int(prompt.input_ids.max()) >= 49152
+    out = extended_model.generate(**prompt, max_new_tokens=8, do_sample=False)
+    assert out.shape[1] == prompt.input_ids.shape[1] + 8
+    padding = set(json.loads((extended_dir / "tide_extension.json").read_text())["padding_ids"])
+    assert not padding & set(out[0].tolist())
+    assert math.isfinite(float(extended_model(**prompt).logits.float().abs().max()))
+
+
+def test_existing_out_is_refused_without_force_and_left_untouched(extended_dir, capsys):
+    before = sorted(p.name for p in extended_dir.iterdir())
+    code = main(["extend", "--base-model", "smollm2-135m", "--terms", str(TERMS), "--steps", "0",
+                 "--out", str(extended_dir)])
+    assert code == 2
+    assert "--force" in capsys.readouterr().err
+    assert sorted(p.name for p in extended_dir.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--base-model", "no-such-model"], "unknown base model 'no-such-model'"),
+        (["--steps", "-1"], "--steps"),
+        (["--seq-len", "100000"], "--seq-len"),
+        (["--pad-to-multiple-of", "0"], "--pad-to-multiple-of"),
+    ],
+)
+def test_bad_options_name_the_flag_and_write_nothing(cli_env, tmp_path, capsys, args, needle):
+    out = tmp_path / "out"
+    argv = ["extend", "--base-model", "smollm2-135m", "--terms", str(TERMS), "--out", str(out), *args]
+    assert main(argv) == 2
+    assert needle in capsys.readouterr().err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_bad_terms_file_is_refused_with_its_problem(cli_env, tmp_path, capsys):
+    bad = tmp_path / "terms.txt"
+    bad.write_bytes("Haskell\n\xff\xfebroken\n".encode("latin-1"))
+    assert main(["extend", "--base-model", "smollm2-135m", "--terms", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert "UTF-8" in capsys.readouterr().err
+    assert main(["extend", "--base-model", "smollm2-135m", "--out", str(tmp_path / "o")]) == 2
+    assert "--terms" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
