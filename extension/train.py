@@ -134,7 +134,6 @@ def train_rows(
     start, history = _resume(checkpoint, adapter, optimizer, config, callbacks)
     params = [p for group in optimizer.param_groups for p in group["params"]]
 
-    step = start
     for step in range(start, config.steps):
         if callbacks.should_cancel():
             _save(checkpoint, adapter, optimizer, config, step, history)

@@ -293,3 +293,25 @@ def test_loss_goes_down_on_real_text_with_smollm2(smollm2_path, smollm2_tokenize
     adapter.detach()
     assert after < before * 0.98, (before, after, [h["loss"] for h in result.history])
     assert all(torch.equal(p, before_params[n]) for n, p in model.named_parameters())
+
+
+def test_bf16_base_with_fp32_rows_merges_into_the_original_dtype():
+    """The CUDA recipe (frozen base in bf16, rows in fp32, merge into the original model), run
+    on the CPU, which has bf16 kernels too."""
+    from extension.train import training_model
+
+    original = tiny_llama(tied=True)
+    assert training_model(original, "cpu") is original
+    before = copy.deepcopy(original.state_dict())
+    low = copy.deepcopy(original).to(torch.bfloat16)
+    adapter = attach(low, BASE_VOCAB, NewRows(input=torch.zeros(NEW, DIM)))
+    assert adapter.input_rows.dtype == torch.float32
+    data = TokenWindows(_stream(), base_vocab_size=BASE_VOCAB, batch_size=2, seq_len=16)
+    result = train_rows(low, adapter, data, TrainConfig(**{**CONFIG, "steps": 4}))
+    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in result.history)
+    assert result.history[-1]["grad_norm"] > 0
+    adapter.merge(into=original)
+    weight = original.get_input_embeddings().weight
+    assert weight.dtype == torch.float32 and is_tied(original)
+    assert torch.equal(weight[:BASE_VOCAB], before["model.embed_tokens.weight"][:BASE_VOCAB])
+    assert torch.equal(weight[BASE_VOCAB:BASE_VOCAB + NEW], result.rows.input)
