@@ -189,7 +189,7 @@ def terms(args) -> None:
         rows = subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
         runs = {}
         for objective in ("lm", "distill"):
-            data = TermContextObjective(texts, extended, batch_size=args.batch_size, seq_len=args.seq_len + 1,
+            data = TermContextObjective(texts, extended, batch_size=args.batch_size, seq_len=args.seq_len,
                                         objective=objective)
             points, history, seconds = train_and_score(
                 model, extended, rows, data, config, {0, args.steps},

@@ -117,7 +117,8 @@ def term_contexts(model, extended, *, per_term: int = 4, max_new_tokens: int = 6
 
 
 class TermContextObjective:
-    """Batches of generated contexts; loss per `objective` (see the module docstring)."""
+    """Batches of generated contexts; loss per `objective` (see the module docstring). Student
+    and teacher sequences are at most `seq_len` positions."""
 
     def __init__(self, texts: list[str], extended, *, batch_size: int, seq_len: int, seed: int = 0,
                  objective: str = "distill"):
@@ -129,9 +130,11 @@ class TermContextObjective:
         tokenizer = extended.tokenizer
         self.contexts = []
         for text in texts:
-            ids = _prompt_ids(tokenizer, text)[:seq_len]
-            if len(ids) >= 2:
-                self.contexts.append(expand(ids, self.base_vocab_size, pieces))
+            context = expand(_prompt_ids(tokenizer, text)[:seq_len], self.base_vocab_size, pieces)
+            # the teacher reads the expanded pieces: it must fit in seq_len positions too
+            keep = sum(1 for last in context.last_piece if last < seq_len)
+            if keep >= 2:
+                self.contexts.append(expand(context.student[:keep], self.base_vocab_size, pieces))
         if not self.contexts:
             raise ValueError("no usable term contexts")
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
@@ -227,5 +230,5 @@ def terms_objective(model, extended, config, *, objective: str = "distill", per_
     """The training data of a terms-only job (call before attaching the adapter)."""
     texts = term_contexts(model, extended, per_term=per_term, max_new_tokens=max_new_tokens, seed=config.seed,
                           work_dir=work_dir, should_cancel=should_cancel)
-    return TermContextObjective(texts, extended, batch_size=config.batch_size, seq_len=config.seq_len + 1,
+    return TermContextObjective(texts, extended, batch_size=config.batch_size, seq_len=config.seq_len,
                                 seed=config.seed, objective=objective)

@@ -60,7 +60,7 @@ class TrainConfig:
             bad("steps", "--steps", self.steps, "an integer >= 0 (0 = initialise the rows only)")
         if not isinstance(self.batch_size, int) or not 1 <= self.batch_size <= 4096:
             bad("batch_size", "--batch-size", self.batch_size, "an integer from 1 to 4096")
-        top = max_positions - 1 if max_positions else 1 << 20  # one position for the window's extra token
+        top = max_positions or 1 << 20  # the model reads seq_len positions; targets are shifted
         if not isinstance(self.seq_len, int) or not 2 <= self.seq_len <= top:
             bad("seq_len", "--seq-len", self.seq_len, f"an integer from 2 to {top} (the model's context is {max_positions} positions)"
                 if max_positions else "an integer >= 2")

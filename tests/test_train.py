@@ -132,7 +132,7 @@ def test_embedding_rows_get_the_lr_multiplier():
 
 @pytest.mark.parametrize(
     "field, value, flag",
-    [("steps", -1, "--steps"), ("seq_len", 256, "--seq-len"), ("batch_size", 0, "--batch-size"),
+    [("steps", -1, "--steps"), ("seq_len", 257, "--seq-len"), ("batch_size", 0, "--batch-size"),
      ("lr", 0.0, "--lr"), ("weight_decay", -0.1, "--weight-decay")],
 )
 def test_bad_values_name_the_flag_and_range(field, value, flag):
@@ -141,7 +141,7 @@ def test_bad_values_name_the_flag_and_range(field, value, flag):
         TrainConfig(**{field: value}).validate(max_positions=max_positions(model))
     assert caught.value.param == field and flag in caught.value.message
     if field == "seq_len":
-        assert "2 to 255" in caught.value.message and "256" in caught.value.message
+        assert "2 to 256" in caught.value.message and "context is 256" in caught.value.message
 
 
 def test_corpus_too_small_for_one_batch():
@@ -315,3 +315,13 @@ def test_bf16_base_with_fp32_rows_merges_into_the_original_dtype():
     assert weight.dtype == torch.float32 and is_tied(original)
     assert torch.equal(weight[:BASE_VOCAB], before["model.embed_tokens.weight"][:BASE_VOCAB])
     assert torch.equal(weight[BASE_VOCAB:BASE_VOCAB + NEW], result.rows.input)
+
+
+def test_term_contexts_fit_the_sequence_length_on_both_sides(smollm2_extended):
+    from extension.distill import TermContextObjective
+
+    texts = ["Fortran Macintosh Fortran Macintosh Fortran Macintosh Fortran Macintosh Fortran"]
+    data = TermContextObjective(texts, smollm2_extended, batch_size=1, seq_len=7)
+    context = data.contexts[0]
+    assert len(context.student) <= 7 and len(context.teacher) <= 7
+    assert context.last_piece[-1] == len(context.teacher) - 1
