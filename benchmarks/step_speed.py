@@ -4,7 +4,7 @@ Systems, each on its own copy of the model, the same batch of token ids (10% new
   limit   the frozen model's forward + backward to its input embeddings, no weight gradients
           (HF's own loss over full logits) — no method that trains rows can do less work
   ours    extension.rows adapter: frozen base, new rows in a small parameter, fused chunked loss,
-          AdamW over the new rows
+          gradient clipping and AdamW over the new rows (what train_rows does per step)
   peft    PEFT TrainableTokens on the resized model (token_indices = the new ids), AdamW
   full    full-embedding fine-tuning of the resized model (embedding trainable, tied head), AdamW
 
@@ -102,6 +102,7 @@ def setup(system: str, model, vocab: int, new: int, ids: torch.Tensor):
 
         def step():
             adapter.loss(adapter.hidden(ids), targets).backward()
+            torch.nn.utils.clip_grad_norm_(list(adapter.parameters()), 1.0)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         return step
@@ -119,6 +120,7 @@ def setup(system: str, model, vocab: int, new: int, ids: torch.Tensor):
 
     def step():
         model(input_ids=ids, labels=ids).loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return step
