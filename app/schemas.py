@@ -56,6 +56,14 @@ class TrainingOptions(BaseModel):
     checkpoint_every: int = Field(50, ge=1, le=1_000_000, description="Steps between checkpoints (a taken-over job resumes from the last)")
 
 
+class EvaluationOptions(BaseModel):
+    """The before/after measurement (bits per byte on held-out domain text and on general text)."""
+
+    model_config = _STRICT
+
+    max_bytes: int = Field(50_000, ge=1000, le=10_000_000, description="Bytes of held-out domain text, and of general text, scored before and after")
+
+
 class ExtendRequest(BaseModel):
     """Give `terms`, or a corpus (`corpus_file_id` from POST /files, or a small inline `corpus_text`), or both."""
 
@@ -81,6 +89,7 @@ class ExtendRequest(BaseModel):
     pad_to_multiple_of: int = Field(64, ge=1, le=4096, description="Vocabulary is padded up to a multiple of this")
     mining: MiningOptions = Field(default_factory=MiningOptions)
     training: TrainingOptions = Field(default_factory=TrainingOptions)
+    evaluation: EvaluationOptions = Field(default_factory=EvaluationOptions)
 
 
 class Progress(BaseModel):

@@ -37,6 +37,7 @@ _PARAMS = {
         "steps", "batch_size", "seq_len", "lr", "embedding_lr_multiplier", "weight_decay",
         "warmup_steps", "grad_clip", "seed", "checkpoint_every",
     )},
+    "eval_max_bytes": "evaluation.max_bytes",
     "max_new_tokens": "mining.max_new_tokens",
     "min_frequency": "mining.min_frequency",
     "corpus": "corpus_file_id",
@@ -159,6 +160,7 @@ def build_spec(job: Job, corpus: StoredFile | None, settings: Settings) -> Exten
         max_term_chars=settings.max_term_chars,
         pad_to_multiple_of=request["pad_to_multiple_of"],
         **request["training"],
+        eval_max_bytes=request.get("evaluation", {}).get("max_bytes", 50_000),
         allow_local_paths=False,
         force=True,  # the folder is this job's own; a takeover republishes over a half-finished attempt
     )

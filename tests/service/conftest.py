@@ -109,7 +109,6 @@ def service_settings(tmp_path_factory, redis_url):
         cancel_poll_s=0.2,
         sweep_interval_s=1.0,
         worker_nice=0,
-        worker_torch_threads=1,
     )
 
 

@@ -53,6 +53,7 @@ def submit(client, auth, body, **headers):
         ({"base_model": TINY_MODEL, "terms": ["kernel"], "training": {"batch_size": 1.5}}, "training.batch_size", "invalid_request"),
         ({"base_model": TINY_MODEL, "terms": ["kernel"], "training": "fast"}, "training", "invalid_request"),
         ({"base_model": TINY_MODEL, "terms": ["kernel"], "trainnig": {}}, "trainnig", "invalid_request"),
+        ({"base_model": TINY_MODEL, "terms": ["kernel"], "evaluation": {"max_bytes": 10}}, "evaluation.max_bytes", "invalid_request"),
         ({"base_model": TINY_MODEL, "corpus_file_id": "file_doesnotexist"}, "corpus_file_id", "file_not_found"),
         ({"base_model": TINY_MODEL, "corpus_text": "a\n\nb", "corpus_file_id": "file_x"}, "corpus_text", "invalid_request"),
         ({"base_model": TINY_MODEL, "corpus_text": "   \n\n  "}, "corpus_text", "invalid_corpus"),
