@@ -42,6 +42,10 @@ LLAMA_CPP_PROBE_TEXT = (
 START_CONTEXTS = ("{}", "{} is", "{}.", "{}, and", "{}\n")
 SPACE_CONTEXTS = ("a {}", "the {} is", "See {}.", "a {}, b", "a {}\n", "(a {})")
 
+_PROBE_ADDED_TOKEN = (
+    "it occurs in llama.cpp's converter probe text, so as an added token it would change the probe's ids "
+    "and GGUF conversion would refuse the model"
+)
 _BYTE_PIECE = re.compile(r"^<0x[0-9A-Fa-f]{2}>$")
 _FORBIDDEN_CATEGORIES = {"Cc", "Cs", "Zl", "Zp"}  # controls, lone surrogates, line/paragraph separators
 
@@ -577,8 +581,9 @@ def _joined_with_context(view: _BaseView, terms: list[str]) -> dict[str, str]:
     for (term, text, start, end), encoding in zip(jobs, encodings):
         if term in joined:
             continue
-        for token, (low, high) in zip(encoding.tokens, encoding.offsets):
+        for at, (low, high) in enumerate(encoding.offsets):
             if low < start < high or low < end < high:
+                token = encoding.tokens[at]
                 joined[term] = f"the base tokenizer joins it with the text around it: in {text!r} it makes {token!r}"
                 break
     return joined
@@ -709,19 +714,22 @@ def _check_terms(backend, layout: _Layout, view: _BaseView, candidates: dict[str
     if not checks:
         return {}
     texts = [text for _, text, _ in checks]
-    encodings = backend.encode_batch(texts, add_special_tokens=False)
-    decoded = backend.decode_batch([e.ids for e in encodings], skip_special_tokens=False)
-    # Decoding must give back what the base tokenizer gives back (the text itself, for lossless ones).
-    base = view.backend.encode_batch(texts, add_special_tokens=False)
-    base_decoded = view.backend.decode_batch([e.ids for e in base], skip_special_tokens=False)
+    encoded = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
     failures: dict[str, str] = {}
-    for (term, text, token_id), encoding, back, expected in zip(checks, encodings, decoded, base_decoded):
-        if term in failures:
-            continue
-        if token_id not in encoding.ids:
-            failures[term] = f"in {text!r} it is split as {encoding.tokens}"
-        elif back != expected:
-            failures[term] = f"{text!r} decodes back as {back!r}"
+    for (term, text, token_id), ids in zip(checks, encoded):
+        if term not in failures and token_id not in ids:
+            failures[term] = f"in {text!r} it is split as {backend.encode(text, add_special_tokens=False).tokens}"
+    # Added tokens are decoded from their content, which some decoders misread (a byte-level
+    # decoder takes "é" for the byte 0xE9): decoding must give what the base tokenizer gives.
+    # Merge tokens are concatenations of base pieces and decode like them.
+    added = [(i, check) for i, check in enumerate(checks) if check[0] in layout.added_ids and check[0] not in failures]
+    if added:
+        back = backend.decode_batch([encoded[i] for i, _ in added], skip_special_tokens=False)
+        base_ids = [e.ids for e in view.backend.encode_batch_fast([c[1] for _, c in added], add_special_tokens=False)]
+        expected = view.backend.decode_batch(base_ids, skip_special_tokens=False)
+        for (_, (term, text, _)), got, want in zip(added, back, expected):
+            if term not in failures and got != want:
+                failures[term] = f"{text!r} decodes back as {got!r}"
     return failures
 
 
@@ -820,8 +828,12 @@ def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 6
             conflict = _added_token_conflict(view, plan, term, candidates[term])
             if conflict:
                 dropped[term] = ("unsupported", conflict)
-                del candidates[term]
-                added.remove(term)
+            elif re.search(rf"(?<!\w){re.escape(term)}(?!\w)", LLAMA_CPP_PROBE_TEXT):
+                dropped[term] = ("probe_text", _PROBE_ADDED_TOKEN)
+            else:
+                continue
+            del candidates[term]
+            added.remove(term)
         layout = _layout(view, plan, added)
         backend = _build_backend(view, layout)
         failures = _check_terms(backend, layout, view, candidates)
@@ -840,10 +852,7 @@ def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 6
             if cand.fallback_reason is None:  # not expected: planned merges never join probe pieces
                 cand.fallback_reason = "its merges would fire inside llama.cpp's converter probe text"
             else:
-                dropped[term] = ("probe_text", (
-                    "it occurs in llama.cpp's converter probe text, so as an added token it would change the "
-                    "probe's ids and GGUF conversion would refuse the model"
-                ))
+                dropped[term] = ("probe_text", _PROBE_ADDED_TOKEN)
                 del candidates[term]
 
     if mechanism == "merges":

@@ -1,0 +1,194 @@
+"""Encode throughput of extended tokenizers against their base, on the same few MB of text.
+
+For each base tokenizer (SmolLM2: byte-level BPE; Gemma 3: SentencePiece-style BPE) and each
+configuration — 300 or 5,000 new terms, added as BPE merges (mechanism "auto") or as added tokens
+(mechanism "added_tokens") — the same documents are encoded with `encode_batch`, base and
+extended interleaved in every round so that load from other processes hits them alike; the best
+round of each is kept. Terms are real: the most frequent FOLDOC words the base splits into 2+
+pieces. Text: FOLDOC (computing English) and Spanish and English fortunes, read from the
+installed Debian packages.
+
+    .venv/bin/python benchmarks/tokenizer_speed.py            # writes benchmarks/results/tokenizer_speed.md
+    .venv/bin/python benchmarks/tokenizer_speed.py --models smollm2 --rounds 2 --megabytes 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+FOLDOC = Path("/usr/share/dictd/foldoc.dict.dz")
+FORTUNES = [Path("/usr/share/games/fortunes/fortunes"), *sorted(Path("/usr/share/games/fortunes/es").glob("*.fortunes"))]
+TARGET = 0.9
+
+
+def load_text(megabytes: float) -> list[str]:
+    """Documents (blank-line separated blocks) of FOLDOC and fortunes, about `megabytes` MB in all."""
+    budget = int(megabytes * 1_000_000)
+    fortunes = "\n".join(p.read_text(encoding="utf-8", errors="replace").replace("\n%\n", "\n\n") for p in FORTUNES)
+    with gzip.open(FOLDOC, "rt", encoding="utf-8") as handle:
+        foldoc = handle.read(max(budget - len(fortunes.encode()), budget // 2))
+    documents = [d for d in re.split(r"\n\s*\n", foldoc + "\n\n" + fortunes) if d.strip()]
+    out, size = [], 0
+    for document in documents:
+        out.append(document)
+        size += len(document.encode())
+        if size >= budget:
+            break
+    return out
+
+
+def pick_terms(tokenizer, count: int) -> list[str]:
+    """The `count` most frequent alphabetic FOLDOC words the tokenizer splits after a space."""
+    with gzip.open(FOLDOC, "rt", encoding="utf-8") as handle:
+        words = collections.Counter(re.findall(r"(?<![\w-])[A-Za-z]{4,}(?![\w-])", handle.read()))
+    picked = []
+    for word, _ in words.most_common():
+        if len(tokenizer.tokenize(" " + word)) >= 2:
+            picked.append(word)
+            if len(picked) == count:
+                break
+    return picked
+
+
+def encode_seconds(backend, documents: list[str], batch: int = 512) -> tuple[float, int]:
+    """CPU seconds (all threads of this process) to encode the documents, and the token count.
+
+    CPU time, not wall time: other jobs share this machine, and under contention wall time says
+    more about them than about the tokenizer."""
+    started = time.process_time()
+    tokens = 0
+    for start in range(0, len(documents), batch):
+        for encoding in backend.encode_batch(documents[start:start + batch], add_special_tokens=False):
+            tokens += len(encoding.ids)
+    return time.process_time() - started, tokens
+
+
+def run(models: list[str], sizes: list[int], rounds: int, megabytes: float) -> str:
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    from extension.models import ModelSources, resolve_model
+    from extension.tokenizer import extend_tokenizer
+
+    documents = load_text(megabytes)
+    text_bytes = sum(len(d.encode()) for d in documents)
+    sources = ModelSources(cache_dir=REPO / ".cache")
+    paths = {
+        "smollm2": lambda: resolve_model("smollm2-135m", sources).path,
+        "gemma3": lambda: _gemma_tokenizer_dir(),
+    }
+    lines = [
+        "# Tokenizer encode throughput: extended vs base",
+        "",
+        f"Command: `.venv/bin/python benchmarks/tokenizer_speed.py {' '.join(sys.argv[1:])}`".rstrip() + "  ",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"tokenizers {_version('tokenizers')}, transformers {_version('transformers')}  ",
+        f"Text: {len(documents)} documents, {text_bytes / 1e6:.2f} MB (FOLDOC + English and Spanish fortunes), "
+        f"`encode_batch` in batches of 512, {os.environ.get('RAYON_NUM_THREADS', 'all')} thread(s); after one "
+        f"warm-up pass each, {rounds} rounds (every tokenizer once per round, order rotated).  ",
+        f"Target: extended ≥ {TARGET}× the base tokenizer's throughput.",
+        "",
+        "| base | new terms | mechanism | terms as merges / added | new vocab entries | extend s | MB per CPU-s base | MB per CPU-s extended | ratio (median) | ratio range | tokens/byte base → extended |",
+        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+    ]
+    for model in models:
+        base = AutoTokenizer.from_pretrained(paths[model]())
+        terms = pick_terms(base, max(sizes))
+        configs = []
+        for size in sizes:
+            for mechanism in ("auto", "added_tokens"):
+                started = time.perf_counter()
+                extended = extend_tokenizer(base, terms[:size], mechanism=mechanism)
+                configs.append((size, mechanism, extended, time.perf_counter() - started))
+                print(f"{model}: extended with {size} terms ({mechanism}) in {configs[-1][3]:.1f} s", flush=True)
+        # Fresh copies built the same way: a BPE word cache never evicts, so the base tokenizer's
+        # cache — already filled by picking the terms — would otherwise be slower than new ones.
+        backends = [Tokenizer.from_str(t.backend_tokenizer.to_str())
+                    for t in [base] + [extended.tokenizer for _, _, extended, _ in configs]]
+        for backend in backends:  # warm every BPE word cache alike before timing
+            encode_seconds(backend, documents)
+        times: list[list[float]] = [[] for _ in backends]
+        counts = [0] * len(backends)
+        for round_number in range(rounds):
+            # Rotate the order each round so no tokenizer always runs right after another.
+            order = list(range(len(backends)))
+            order = order[round_number % len(order):] + order[:round_number % len(order)]
+            for index in order:
+                seconds, counts[index] = encode_seconds(backends[index], documents)
+                times[index].append(seconds)
+            print(f"{model}: round {round_number + 1}/{rounds} done", flush=True)
+        base_times, base_tokens = times[0], counts[0]
+        for (size, mechanism, extended, extend_seconds), ext_times, tokens in zip(configs, times[1:], counts[1:]):
+            by_mechanism = extended.to_json()["counts"]["terms_by_mechanism"]
+            # Per round: base time / extended time, measured in the same round; the median of those.
+            ratios = sorted(b / e for b, e in zip(base_times, ext_times))
+            ratio = statistics.median(ratios)
+            lines.append(
+                f"| {model} | {size:,} | {'merges (auto)' if mechanism == 'auto' else 'added tokens'} | "
+                f"{by_mechanism['merges']} / {by_mechanism['added_token']} | {len(extended.new_tokens):,} | "
+                f"{extend_seconds:.1f} | {text_bytes / 1e6 / statistics.median(base_times):.2f} | "
+                f"{text_bytes / 1e6 / statistics.median(ext_times):.2f} | "
+                f"**{ratio:.2f}×**{'' if ratio >= TARGET else ' (below target)'} | {ratios[0]:.2f}–{ratios[-1]:.2f} | "
+                f"{base_tokens / text_bytes:.4f} → {tokens / text_bytes:.4f} |"
+            )
+    lines += [
+        "",
+        "Throughput is text bytes per CPU-second of the encoding process (all its threads), so jobs",
+        "sharing the machine skew it less. Ratio = extended / base throughput on the same text, paired by",
+        "round (above 1: faster); the range shows how much rounds disagree on this shared machine.",
+        "\"extend s\" is the wall time of `extend_tokenizer` itself. \"merges (auto)\" adds each term as BPE merges where",
+        "they provably work and as a word-boundary added token otherwise; \"added tokens\" adds every",
+        "term as one.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _gemma_tokenizer_dir() -> str:
+    target = REPO / ".cache" / "gemma3-270m-tokenizer"
+    if not (target / "tokenizer.json").exists():
+        from transformers import AutoTokenizer
+
+        from extension.models import BUILTIN_MODELS, _builtin_gguf
+
+        gguf = _builtin_gguf(BUILTIN_MODELS["gemma3-270m"], REPO / ".cache")
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(target)
+    return str(target)
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"], choices=["smollm2", "gemma3"])
+    parser.add_argument("--sizes", nargs="+", type=int, default=[300, 5000])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--megabytes", type=float, default=3.0)
+    parser.add_argument("--threads", type=int, default=None, help="RAYON_NUM_THREADS for tokenizers (default: all)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "tokenizer_speed.md")
+    args = parser.parse_args()
+    if args.threads:
+        os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # read when tokenizers first runs in parallel
+    report = run(args.models, args.sizes, args.rounds, args.megabytes)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report, encoding="utf-8")
+    print(report)
+
+
+if __name__ == "__main__":
+    main()
