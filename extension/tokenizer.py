@@ -720,15 +720,15 @@ def _check_terms(backend, layout: _Layout, view: _BaseView, candidates: dict[str
         if term not in failures and token_id not in ids:
             failures[term] = f"in {text!r} it is split as {backend.encode(text, add_special_tokens=False).tokens}"
     # Added tokens are decoded from their content, which some decoders misread (a byte-level
-    # decoder takes "é" for the byte 0xE9): decoding must give what the base tokenizer gives.
-    # Merge tokens are concatenations of base pieces and decode like them.
+    # decoder takes "é" for the byte 0xE9): decoding must give the text back, or at least what the
+    # base tokenizer gives back. Merge tokens are concatenations of base pieces and decode like them.
     added = [(i, check) for i, check in enumerate(checks) if check[0] in layout.added_ids and check[0] not in failures]
     if added:
         back = backend.decode_batch([encoded[i] for i, _ in added], skip_special_tokens=False)
         base_ids = [e.ids for e in view.backend.encode_batch_fast([c[1] for _, c in added], add_special_tokens=False)]
         expected = view.backend.decode_batch(base_ids, skip_special_tokens=False)
         for (_, (term, text, _)), got, want in zip(added, back, expected):
-            if term not in failures and got != want:
+            if term not in failures and got != text and got != want:
                 failures[term] = f"{text!r} decodes back as {got!r}"
     return failures
 
@@ -817,11 +817,12 @@ def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 6
         plan = _plan_merges(view, list(candidates.values()))
         for term, reason in plan.failed.items():
             candidates[term].fallback_reason = reason
+        # Planned merges never join probe pieces, so nothing fires there; checked all the same.
         fired = _fired_in_probe(view, plan.table) if plan.table.merges else set()
-        if fired:
-            for term, uses in plan.uses.items():
-                if uses & fired:
-                    candidates[term].fallback_reason = "its merges would fire inside llama.cpp's converter probe text"
+        hit = [term for term, uses in plan.uses.items() if uses & fired]
+        for term in hit:
+            candidates[term].fallback_reason = "its merges would fire inside llama.cpp's converter probe text"
+        if hit:
             continue
         added = [c.term for c in candidates.values() if c.fallback_reason is not None]
         for term in list(added):
@@ -847,7 +848,7 @@ def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 6
             else:
                 dropped[term] = ("unsupported", f"neither merges nor an added token make it one token without changing other text: {why}")
                 del candidates[term]
-        for term in in_probe - set(failures):
+        for term in sorted(in_probe - set(failures)):
             cand = candidates[term]
             if cand.fallback_reason is None:  # not expected: planned merges never join probe pieces
                 cand.fallback_reason = "its merges would fire inside llama.cpp's converter probe text"

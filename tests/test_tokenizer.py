@@ -466,3 +466,24 @@ def test_read_terms_file_errors_name_file_line_and_fix(tmp_path, content, needle
 def test_read_terms_file_missing(tmp_path):
     with pytest.raises(InvalidTermsError, match="does not exist"):
         read_terms_file(tmp_path / "nope.txt")
+
+
+def test_non_bpe_tokenizers_get_added_tokens():
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(_foldoc(0, 100_000).split("\n"), trainers.WordPieceTrainer(vocab_size=800, special_tokens=["[UNK]"], show_progress=False))
+    wordpiece = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+    ext = extend_tokenizer(wordpiece, ["hexadecimal", "workstation"])
+    assert [(t.mechanism, t.fallback_reason) for t in ext.terms] == [("added_token", "the tokenizer is not BPE")] * 2
+    assert ext.merges == [] and [t.id for t in ext.new_tokens] == [len(wordpiece), len(wordpiece) + 1]
+    for term in ("hexadecimal", "workstation"):
+        _assert_one_token(ext.tokenizer, ext, term)
+    with pytest.raises(InvalidOptionError, match="needs a BPE tokenizer"):
+        extend_tokenizer(wordpiece, ["hexadecimal"], mechanism="merges")
+    with pytest.raises(InvalidOptionError, match="need a BPE tokenizer"):
+        extend_with_merges(wordpiece, [("a", "b")])

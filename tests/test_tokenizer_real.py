@@ -133,6 +133,13 @@ def test_reload_keeps_special_tokens_chat_template_and_new_vocab(real):
     assert all(vocab[token.token] == token.id for token in extended.new_tokens)
     base_vocab = base.get_vocab()
     assert all(vocab[token] == token_id for token, token_id in base_vocab.items())
+    # Fallback terms keep their word-boundary matching through save and reload.
+    added = [term for term in extended.terms if term.mechanism == "added_token"]
+    assert added
+    for term in added:
+        token_id = term.forms[term.term]
+        assert reloaded.added_tokens_decoder[token_id].single_word
+        assert token_id not in reloaded(f"x{term.term}y", add_special_tokens=False)["input_ids"]
 
 
 def test_probe_text_keeps_its_ids(real):
