@@ -87,6 +87,7 @@ def _store_inline_corpus(db: Session, key: ApiKey, text: str, settings: Settings
         sha256=hashlib.sha256(data).hexdigest(), documents=documents, source="inline",
     )
     db.add(stored)
+    db.flush()  # the file row must exist before the job row that references it
     return stored
 
 

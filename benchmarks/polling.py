@@ -207,6 +207,7 @@ def main() -> int:
         print(json.dumps(asyncio.run(_poll(url, key, int(clients), float(seconds), warmup=2.0))))
         return 0
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="tide-bench-") as tmp:
         service = Service(Path(tmp))
         service.start()
@@ -232,14 +233,14 @@ def main() -> int:
         finally:
             service.stop()
 
-    report = render(args, idle, busy, starts, step_after - step_before, window)
+    report = render(args, idle, busy, starts, step_after - step_before, window, load_before, os.getloadavg())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report)
     print(report)
     return 0
 
 
-def render(args, idle: dict, busy: dict, starts: list[dict], steps: int, window: float) -> str:
+def render(args, idle: dict, busy: dict, starts: list[dict], steps: int, window: float, load_before, load_after) -> str:
     ratio = busy["p99_ms"] / idle["p99_ms"]
     verdict = "meets" if ratio <= 2.0 else "MISSES"
     rows = "\n".join(
@@ -252,7 +253,8 @@ def render(args, idle: dict, busy: dict, starts: list[dict], steps: int, window:
 
 Command: `.venv/bin/python benchmarks/polling.py --clients {args.clients} --seconds {args.seconds:g} --starts {args.starts}`
 Machine: {os.cpu_count()} CPU cores, no GPU, Python {platform.python_version()}, {platform.platform()}.
-Run: {datetime.now().isoformat(timespec='seconds')}.
+Run: {datetime.now().isoformat(timespec='seconds')}; load average (1/5/15 min) {_load(load_before)} before,
+{_load(load_after)} after (other work on the machine shares these cores).
 
 Setup: `tide serve` (one uvicorn process) and `tide worker` (Celery prefork, one job child at
 nice {os.environ.get('TIDE_WORKER_NICE', '10')}) as subprocesses, Redis on loopback, SQLite in WAL mode. {args.clients} concurrent
@@ -279,6 +281,10 @@ child runs at a lower CPU priority (`TIDE_WORKER_NICE`), which is what keeps pol
 close to idle on a host where API and worker share cores; on a GPU host the job mostly waits on
 the GPU anyway.
 """
+
+
+def _load(values) -> str:
+    return "/".join(f"{v:.1f}" for v in values)
 
 
 if __name__ == "__main__":

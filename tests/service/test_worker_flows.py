@@ -174,9 +174,13 @@ def test_a_killed_job_process_is_taken_over_and_resumes(client, auth, worker):
 
 
 def test_smollm2_end_to_end_smallest_budget(client, auth, worker, tmp_path):
-    terms = ["immunohistochemistry", "pharmacokinetics"]
+    # Terms plus a small inline corpus: the corpus gives the training windows (the terms-only
+    # objective generates contexts with the base model first — minutes on a loaded CPU — and is
+    # covered by the pipeline's own SmolLM2 tests).
+    terms = ["cryptanalysis", "teletypewriter"]
+    corpus = [d for d in foldoc_documents(6000) if "crypt" in d][:20] + foldoc_documents(40, skip=200)
     job = _submit(client, auth, {
-        "base_model": "smollm2-135m", "terms": terms,
+        "base_model": "smollm2-135m", "terms": terms, "corpus_text": "\n\n".join(corpus),
         "training": {"steps": 1, "batch_size": 1, "seq_len": 32, "warmup_steps": 0}, "evaluation": {"max_bytes": 1000},
     })
     done = wait_for_status(client, auth, job["id"], {"succeeded", "failed", "cancelled"}, 900, worker)
