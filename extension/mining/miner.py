@@ -27,7 +27,7 @@ from .vocabulary import TokenizerView
 
 MAX_NEW_TOKENS = 100_000  # same bound as the pipeline's spec check
 MAX_MIN_FREQUENCY = 1_000_000_000
-_REPAIR_ROUNDS = 3
+_REPAIR_ROUNDS = 5
 
 
 def mine_terms(
@@ -47,7 +47,7 @@ def mine_terms(
         return iter_documents(path, text_field=text_field)
 
     return _mine(
-        tokenizer, documents, source={"path": str(path), "text_field": text_field},
+        tokenizer, documents, source={"file": path.name, "text_field": text_field},
         max_new_tokens=max_new_tokens, min_frequency=min_frequency,
         filters=filters or MiningFilters(), should_cancel=should_cancel, param="corpus",
     )
@@ -207,6 +207,8 @@ def _mine(
         # Not expected (new merges rank after all base merges), but if a document got longer,
         # refuse every new merge that fired in it and mine again rather than ship it.
         culprits = _merges_of_ids(extended, merges, check.culprit_ids)
+        if not culprits:
+            break
         repairs.append({"documents_longer": check.longer, "refused_merges": [list(p) for p in sorted(culprits)]})
         banned = banned | culprits
 
