@@ -14,7 +14,7 @@ import torch
 
 from . import corpus as corpus_io
 from .card import model_card
-from .errors import InvalidOptionError, InvalidTermsError, JobCancelled
+from .errors import InvalidCorpusError, InvalidOptionError, InvalidTermsError, JobCancelled
 from .models import ModelSources, load_model, load_tokenizer, resolve_model
 from .publish import check_output_dir, publish
 from .spec import Callbacks, ExtendSpec
@@ -200,30 +200,24 @@ def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
     mined = mine_terms(
         tokenizer, spec.corpus_path, max_new_tokens=spec.max_new_tokens,
         min_frequency=spec.min_frequency, text_field=spec.corpus_text_field,
+        should_cancel=callbacks.should_cancel,
     )
     callbacks.on_event("mined_terms", mined.report)
+    if mined.report.get("status") == "guarantee_failed" or not mined.found_terms:
+        raise InvalidCorpusError(mined.report.get("message") or "mining found no term worth adding", param="corpus")
     return mined
 
 
 def _train(spec: ExtendSpec, model, extended, rows, callbacks: Callbacks):
     from .rows import attach
-    from .train import TrainConfig, corpus_windows, train_rows, training_model
+    from .train import TrainConfig, build_training_data, train_rows, training_model
 
-    config = TrainConfig.from_spec(spec)
+    objective = build_training_data(spec, model, extended, callbacks)  # before attaching: it may generate
     # On a GPU this is a bf16 copy; the trained fp32 rows go back into the original model.
-    model = training_model(model)
-    if spec.corpus_path is not None:
-        objective = corpus_windows(
-            spec.corpus_path, extended.tokenizer, base_vocab_size=extended.base_vocab_size,
-            config=config, text_field=spec.corpus_text_field,
-        )
-    else:
-        from .distill import terms_objective
-
-        objective = terms_objective(model, extended, config)
-    adapter = attach(model, extended.base_vocab_size, rows, pad_to_multiple_of=spec.pad_to_multiple_of)
+    trained = training_model(model)
+    adapter = attach(trained, extended.base_vocab_size, rows, pad_to_multiple_of=spec.pad_to_multiple_of)
     try:
-        result = train_rows(model, adapter, objective, config, callbacks)
+        result = train_rows(trained, adapter, objective, TrainConfig.from_spec(spec), callbacks)
         return result.rows, result.history
     finally:
         adapter.detach()
