@@ -2,14 +2,14 @@
 
 For each base tokenizer (SmolLM2: byte-level BPE; Gemma 3: SentencePiece-style BPE) and each
 configuration — 300 or 5,000 new terms, added as BPE merges (mechanism "auto") or as added tokens
-(mechanism "added_tokens") — the same documents are encoded with `encode_batch`, base and
-extended interleaved in every round so that load from other processes hits them alike; the best
-round of each is kept. Terms are real: the most frequent FOLDOC words the base splits into 2+
+(mechanism "added_tokens") — the same documents are encoded with `encode_batch` on one thread,
+every batch by all tokenizers back to back, so that load from other processes on this shared
+machine hits them alike; CPU time of the encoding thread is summed over the rounds. Terms are real: the most frequent FOLDOC words the base splits into 2+
 pieces. Text: FOLDOC (computing English) and Spanish and English fortunes, read from the
 installed Debian packages.
 
     .venv/bin/python benchmarks/tokenizer_speed.py            # writes benchmarks/results/tokenizer_speed.md
-    .venv/bin/python benchmarks/tokenizer_speed.py --models smollm2 --rounds 2 --megabytes 1
+    .venv/bin/python benchmarks/tokenizer_speed.py --models smollm2 --rounds 2 --megabytes 1 --out /tmp/t.md
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import gzip
 import os
 import platform
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -62,17 +61,29 @@ def pick_terms(tokenizer, count: int) -> list[str]:
     return picked
 
 
-def encode_seconds(backend, documents: list[str], batch: int = 512) -> tuple[float, int]:
-    """CPU seconds (all threads of this process) to encode the documents, and the token count.
+def batches(documents: list[str], size: int = 256) -> list[list[str]]:
+    return [documents[start:start + size] for start in range(0, len(documents), size)]
 
-    CPU time, not wall time: other jobs share this machine, and under contention wall time says
-    more about them than about the tokenizer."""
-    started = time.process_time()
-    tokens = 0
-    for start in range(0, len(documents), batch):
-        for encoding in backend.encode_batch(documents[start:start + batch], add_special_tokens=False):
-            tokens += len(encoding.ids)
-    return time.process_time() - started, tokens
+
+def timed_rounds(backends: list, documents: list[str], rounds: int) -> tuple[list[list[float]], list[int]]:
+    """Per tokenizer and round: CPU seconds of this thread to encode all documents; and tokens.
+
+    Every batch is encoded by all tokenizers back to back (order rotated per batch), so a burst of
+    load from other jobs on this shared machine hits them alike. Thread CPU time with tokenizers'
+    parallelism off counts only the encoding itself."""
+    parts = batches(documents)
+    seconds = [[0.0] * rounds for _ in backends]
+    tokens = [0] * len(backends)
+    for round_number in range(rounds):
+        for number, part in enumerate(parts):
+            shift = (number + round_number) % len(backends)
+            for index in list(range(len(backends)))[shift:] + list(range(len(backends)))[:shift]:
+                started = time.thread_time()
+                encodings = backends[index].encode_batch(part, add_special_tokens=False)
+                seconds[index][round_number] += time.thread_time() - started
+                if round_number == 0:
+                    tokens[index] += sum(len(e.ids) for e in encodings)
+    return seconds, tokens
 
 
 def run(models: list[str], sizes: list[int], rounds: int, megabytes: float) -> str:
@@ -96,11 +107,11 @@ def run(models: list[str], sizes: list[int], rounds: int, megabytes: float) -> s
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
         f"tokenizers {_version('tokenizers')}, transformers {_version('transformers')}  ",
         f"Text: {len(documents)} documents, {text_bytes / 1e6:.2f} MB (FOLDOC + English and Spanish fortunes), "
-        f"`encode_batch` in batches of 512, {os.environ.get('RAYON_NUM_THREADS', 'all')} thread(s); after one "
-        f"warm-up pass each, {rounds} rounds (every tokenizer once per round, order rotated).  ",
+        f"`encode_batch` in batches of 256 on one thread; every batch encoded by all tokenizers back to back; "
+        f"one warm-up pass, then {rounds} timed rounds.  ",
         f"Target: extended ≥ {TARGET}× the base tokenizer's throughput.",
         "",
-        "| base | new terms | mechanism | terms as merges / added | new vocab entries | extend s | MB per CPU-s base | MB per CPU-s extended | ratio (median) | ratio range | tokens/byte base → extended |",
+        "| base | new terms | mechanism | terms as merges / added | new vocab entries | extend s | MB per CPU-s base | MB per CPU-s extended | ratio | per-round ratios | tokens/byte base → extended |",
         "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for model in models:
@@ -117,37 +128,28 @@ def run(models: list[str], sizes: list[int], rounds: int, megabytes: float) -> s
         # cache — already filled by picking the terms — would otherwise be slower than new ones.
         backends = [Tokenizer.from_str(t.backend_tokenizer.to_str())
                     for t in [base] + [extended.tokenizer for _, _, extended, _ in configs]]
-        for backend in backends:  # warm every BPE word cache alike before timing
-            encode_seconds(backend, documents)
-        times: list[list[float]] = [[] for _ in backends]
-        counts = [0] * len(backends)
-        for round_number in range(rounds):
-            # Rotate the order each round so no tokenizer always runs right after another.
-            order = list(range(len(backends)))
-            order = order[round_number % len(order):] + order[:round_number % len(order)]
-            for index in order:
-                seconds, counts[index] = encode_seconds(backends[index], documents)
-                times[index].append(seconds)
-            print(f"{model}: round {round_number + 1}/{rounds} done", flush=True)
+        timed_rounds(backends, documents, 1)  # warm every BPE word cache alike before timing
+        times, counts = timed_rounds(backends, documents, rounds)
+        print(f"{model}: timed {rounds} rounds", flush=True)
         base_times, base_tokens = times[0], counts[0]
         for (size, mechanism, extended, extend_seconds), ext_times, tokens in zip(configs, times[1:], counts[1:]):
             by_mechanism = extended.to_json()["counts"]["terms_by_mechanism"]
-            # Per round: base time / extended time, measured in the same round; the median of those.
+            # Total over all rounds, and the spread of the per-round ratios.
+            ratio = sum(base_times) / sum(ext_times)
             ratios = sorted(b / e for b, e in zip(base_times, ext_times))
-            ratio = statistics.median(ratios)
             lines.append(
                 f"| {model} | {size:,} | {'merges (auto)' if mechanism == 'auto' else 'added tokens'} | "
                 f"{by_mechanism['merges']} / {by_mechanism['added_token']} | {len(extended.new_tokens):,} | "
-                f"{extend_seconds:.1f} | {text_bytes / 1e6 / statistics.median(base_times):.2f} | "
-                f"{text_bytes / 1e6 / statistics.median(ext_times):.2f} | "
+                f"{extend_seconds:.1f} | {rounds * text_bytes / 1e6 / sum(base_times):.2f} | "
+                f"{rounds * text_bytes / 1e6 / sum(ext_times):.2f} | "
                 f"**{ratio:.2f}×**{'' if ratio >= TARGET else ' (below target)'} | {ratios[0]:.2f}–{ratios[-1]:.2f} | "
                 f"{base_tokens / text_bytes:.4f} → {tokens / text_bytes:.4f} |"
             )
     lines += [
         "",
-        "Throughput is text bytes per CPU-second of the encoding process (all its threads), so jobs",
-        "sharing the machine skew it less. Ratio = extended / base throughput on the same text, paired by",
-        "round (above 1: faster); the range shows how much rounds disagree on this shared machine.",
+        "Throughput is text bytes per CPU-second of the encoding thread (tokenizers' parallelism off), so",
+        "jobs sharing the machine skew it less. Ratio = extended / base throughput over all rounds on the",
+        "same text (above 1: faster); the per-round ratios show how much rounds disagree on this shared machine.",
         "\"extend s\" is the wall time of `extend_tokenizer` itself. \"merges (auto)\" adds each term as BPE merges where",
         "they provably work and as a word-boundary added token otherwise; \"added tokens\" adds every",
         "term as one.",
@@ -179,11 +181,10 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", type=int, default=[300, 5000])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--megabytes", type=float, default=3.0)
-    parser.add_argument("--threads", type=int, default=None, help="RAYON_NUM_THREADS for tokenizers (default: all)")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "tokenizer_speed.md")
     args = parser.parse_args()
-    if args.threads:
-        os.environ["RAYON_NUM_THREADS"] = str(args.threads)  # read when tokenizers first runs in parallel
+    # One thread, the calling one: its CPU time is then exactly the encoding work.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     report = run(args.models, args.sizes, args.rounds, args.megabytes)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report, encoding="utf-8")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -636,11 +637,9 @@ def _added_token_entry(content: str, token_id: int) -> dict:
             "normalized": False, "special": False}
 
 
-def _build_backend(view: _BaseView, layout: _Layout):
-    from tokenizers import Tokenizer
-
-    text = _spliced_json(view.source, layout) or _rebuilt_json(view.source, layout)
-    return Tokenizer.from_str(text)
+def _build(view: _BaseView, layout: _Layout):
+    """The extended tokenizer, as a transformers tokenizer of the base's own class."""
+    return _wrap(view.tokenizer, _spliced_json(view.source, layout) or _rebuilt_json(view.source, layout))
 
 
 def _spliced_json(source: str, layout: _Layout) -> str | None:
@@ -752,13 +751,17 @@ def _terms_in_probe(backend, layout: _Layout, view: _BaseView) -> set[str]:
 # --------------------------------------------------------------------------------------------
 
 
-def _wrap(tokenizer, backend):
-    """A tokenizer of the base's own class around the new backend: special tokens, chat template
-    and init options carry over; the base object is left untouched."""
+def _wrap(tokenizer, tokenizer_json: str):
+    """A tokenizer of the base's own class reading the new tokenizer.json: special tokens, chat
+    template and init options carry over; the base object is left untouched. (Loading from a file
+    parses the JSON once; handing over a `tokenizers.Tokenizer` object would deep-copy it.)"""
     kwargs = dict(tokenizer.init_kwargs)
     for key in ("tokenizer_object", "tokenizer_file", "vocab", "merges", "vocab_file", "merges_file"):
         kwargs.pop(key, None)
-    new = type(tokenizer)(tokenizer_object=backend, **kwargs)
+    with tempfile.TemporaryDirectory(prefix="tide-tokenizer-") as folder:
+        path = Path(folder) / "tokenizer.json"
+        path.write_text(tokenizer_json, encoding="utf-8")
+        new = type(tokenizer)(tokenizer_file=str(path), **kwargs)
     if getattr(tokenizer, "chat_template", None) is not None:
         new.chat_template = tokenizer.chat_template
     return new
@@ -836,7 +839,8 @@ def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 6
             del candidates[term]
             added.remove(term)
         layout = _layout(view, plan, added)
-        backend = _build_backend(view, layout)
+        extended = _build(view, layout)
+        backend = extended.backend_tokenizer
         failures = _check_terms(backend, layout, view, candidates)
         in_probe = _terms_in_probe(backend, layout, view)
         if not failures and not in_probe:
@@ -869,7 +873,7 @@ def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 6
     for term, (reason, why) in dropped.items():
         skipped.append(SkippedTerm(term, reason, f"{term!r} was not added: {why}"))
 
-    return _result(tokenizer, view, layout, backend, candidates, skipped)
+    return _result(extended, view, layout, candidates, skipped)
 
 
 def _added_token_conflict(view: _BaseView, plan: _Plan, term: str, cand: _Candidate) -> str | None:
@@ -881,7 +885,7 @@ def _added_token_conflict(view: _BaseView, plan: _Plan, term: str, cand: _Candid
     return None
 
 
-def _result(tokenizer, view: _BaseView, layout: _Layout, backend, candidates: dict[str, _Candidate], skipped: list[SkippedTerm]) -> ExtendedTokenizer:
+def _result(extended, view: _BaseView, layout: _Layout, candidates: dict[str, _Candidate], skipped: list[SkippedTerm]) -> ExtendedTokenizer:
     plan = layout.plan
     form_strings = {model for planned in plan.merge_terms.values() for model in planned.values()}
     form_owner: dict[str, str] = {}
@@ -927,7 +931,7 @@ def _result(tokenizer, view: _BaseView, layout: _Layout, backend, candidates: di
                 fallback_reason=cand.fallback_reason,
             ))
     return ExtendedTokenizer(
-        tokenizer=_wrap(tokenizer, backend),
+        tokenizer=extended,
         base_vocab_size=view.size,
         terms=terms,
         new_tokens=new_tokens,
@@ -970,7 +974,7 @@ def extend_with_merges(tokenizer, merges: Sequence[tuple[str, str]]) -> Extended
         table.add(left, right)
     plan = _Plan(table, {}, {}, {}, {})
     layout = _layout(view, plan, [])
-    backend = _build_backend(view, layout)
+    extended = _build(view, layout)
     new_tokens, terms = [], []
     for string, token_id in layout.ids.items():
         text = view.text_of(string)
@@ -979,7 +983,7 @@ def extend_with_merges(tokenizer, merges: Sequence[tuple[str, str]]) -> Extended
         terms.append(TermExtension(term=text, mechanism="merges", forms={text: token_id},
                                    original_pieces={text: [p for p, _ in pieces]}, intermediates=[]))
     return ExtendedTokenizer(
-        tokenizer=_wrap(tokenizer, backend),
+        tokenizer=extended,
         base_vocab_size=view.size,
         terms=terms,
         new_tokens=new_tokens,
