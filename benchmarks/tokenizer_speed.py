@@ -4,9 +4,9 @@ For each base tokenizer (SmolLM2: byte-level BPE; Gemma 3: SentencePiece-style B
 configuration — 300 or 5,000 new terms, added as BPE merges (mechanism "auto") or as added tokens
 (mechanism "added_tokens") — the same documents are encoded with `encode_batch` on one thread,
 every batch by all tokenizers back to back, so that load from other processes on this shared
-machine hits them alike; CPU time of the encoding thread is summed over the rounds. Terms are real: the most frequent FOLDOC words the base splits into 2+
-pieces. Text: FOLDOC (computing English) and Spanish and English fortunes, read from the
-installed Debian packages.
+machine hits them alike; CPU time of the encoding thread is summed over the rounds. Terms are
+real: the most frequent FOLDOC words the base splits into 2+ pieces. Text: FOLDOC (computing
+English) and Spanish and English fortunes, read from the installed Debian packages.
 
     .venv/bin/python benchmarks/tokenizer_speed.py            # writes benchmarks/results/tokenizer_speed.md
     .venv/bin/python benchmarks/tokenizer_speed.py --models smollm2 --rounds 2 --megabytes 1 --out /tmp/t.md
@@ -111,7 +111,8 @@ def run(models: list[str], sizes: list[int], rounds: int, megabytes: float) -> s
         f"one warm-up pass, then {rounds} timed rounds.  ",
         f"Target: extended ≥ {TARGET}× the base tokenizer's throughput.",
         "",
-        "| base | new terms | mechanism | terms as merges / added | new vocab entries | extend s | MB per CPU-s base | MB per CPU-s extended | ratio | per-round ratios | tokens/byte base → extended |",
+        "| base | new terms | mechanism | terms as merges / added | new vocab entries | extend s "
+        "| MB per CPU-s base | MB per CPU-s extended | ratio | per-round ratios | tokens/byte base → extended |",
         "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for model in models:

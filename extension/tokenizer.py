@@ -157,7 +157,9 @@ def read_terms_file(path) -> list[str]:
     """Terms from a UTF-8 file, one per line, surrounding whitespace stripped, blank lines ignored."""
     path = Path(path)
     if not path.is_file():
-        raise InvalidTermsError(f"terms file {str(path)!r} does not exist; give a UTF-8 text file with one term per line", param="terms")
+        raise InvalidTermsError(
+            f"terms file {str(path)!r} does not exist; give a UTF-8 text file with one term per line", param="terms"
+        )
     raw = path.read_bytes()
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
@@ -202,7 +204,9 @@ def clean_terms(terms: Iterable[str], *, max_term_chars: int = 64) -> tuple[list
     if isinstance(terms, str):
         raise InvalidTermsError("terms must be a list of strings, not one string; give one term per item", param="terms")
     if not isinstance(max_term_chars, int) or isinstance(max_term_chars, bool) or not 1 <= max_term_chars <= 1000:
-        raise InvalidOptionError(f"max_term_chars must be an integer from 1 to 1000, got {max_term_chars!r}", param="max_term_chars")
+        raise InvalidOptionError(
+            f"max_term_chars must be an integer from 1 to 1000, got {max_term_chars!r}", param="max_term_chars"
+        )
     problems: list[str] = []
     kept: list[str] = []
     counts: dict[str, int] = {}
@@ -804,7 +808,10 @@ def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 6
                 existing[term] = single[0]
                 todo = []
         if not todo:
-            skipped.append(SkippedTerm(term, "already_single_token", f"{term!r} is already one token of the base tokenizer ({', '.join(repr(t) for t in existing)}); nothing to add"))
+            forms = ", ".join(repr(text) for text in existing)
+            skipped.append(SkippedTerm(
+                term, "already_single_token", f"{term!r} is already one token of the base tokenizer ({forms}); nothing to add"
+            ))
             continue
         cand = _Candidate(term, todo, existing)
         if mechanism == "added_tokens" or not view.is_bpe:
@@ -850,7 +857,10 @@ def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 6
             if cand.fallback_reason is None:
                 cand.fallback_reason = f"merges alone do not make it one token: {why}"
             else:
-                dropped[term] = ("unsupported", f"neither merges nor an added token make it one token without changing other text: {why}")
+                dropped[term] = (
+                    "unsupported",
+                    f"neither merges nor an added token make it one token without changing other text: {why}",
+                )
                 del candidates[term]
         for term in sorted(in_probe - set(failures)):
             cand = candidates[term]
@@ -885,7 +895,9 @@ def _added_token_conflict(view: _BaseView, plan: _Plan, term: str, cand: _Candid
     return None
 
 
-def _result(extended, view: _BaseView, layout: _Layout, candidates: dict[str, _Candidate], skipped: list[SkippedTerm]) -> ExtendedTokenizer:
+def _result(
+    extended, view: _BaseView, layout: _Layout, candidates: dict[str, _Candidate], skipped: list[SkippedTerm]
+) -> ExtendedTokenizer:
     plan = layout.plan
     form_strings = {model for planned in plan.merge_terms.values() for model in planned.values()}
     form_owner: dict[str, str] = {}

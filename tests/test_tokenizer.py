@@ -39,7 +39,7 @@ def _foldoc(start: int, size: int) -> str:
 
 
 def _fortunes(path: Path, size: int) -> str:
-    files = sorted(p for p in path.iterdir() if p.is_file() and "." in p.name and p.suffix == ".fortunes") if path.is_dir() else [path]
+    files = sorted(path.glob("*.fortunes")) if path.is_dir() else [path]
     text = "".join(f.read_text(encoding="utf-8", errors="replace") for f in files)
     return text.replace("\x1b", "")[:size]
 
@@ -86,7 +86,9 @@ def _train(kind: str):
                                      decoders.Strip(" ", 1, 0)])
     tok = Tokenizer.from_str(json.dumps(spec))
     tok.decoder = decoder
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>"
+    )
 
 
 FAMILIES = ["byte_level", "sentencepiece", "metaspace"]
@@ -398,7 +400,9 @@ def test_extend_with_merges_rejects_bad_merges(byte_level):
 
 def test_merges_fire_in_probe(byte_level):
     probe_pieces = byte_level.tokenize(LLAMA_CPP_PROBE_TEXT)
-    pair = next((a, b) for a, b in zip(probe_pieces, probe_pieces[1:]) if a.startswith("Ġ") and b.isalpha() and a + b not in byte_level.get_vocab())
+    vocab = byte_level.get_vocab()
+    pair = next((a, b) for a, b in zip(probe_pieces, probe_pieces[1:])
+                if a.startswith("Ġ") and b.isalpha() and a + b not in vocab)
     hexa = byte_level.tokenize(" hexadecimal")[:2]
     fired = merges_fire_in_probe(byte_level, [tuple(hexa), pair])
     assert fired == [pair]
@@ -476,7 +480,8 @@ def test_non_bpe_tokenizers_get_added_tokens():
     tok.normalizer = normalizers.BertNormalizer(lowercase=False)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece()
-    tok.train_from_iterator(_foldoc(0, 100_000).split("\n"), trainers.WordPieceTrainer(vocab_size=800, special_tokens=["[UNK]"], show_progress=False))
+    trainer = trainers.WordPieceTrainer(vocab_size=800, special_tokens=["[UNK]"], show_progress=False)
+    tok.train_from_iterator(_foldoc(0, 100_000).split("\n"), trainer)
     wordpiece = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
     ext = extend_tokenizer(wordpiece, ["hexadecimal", "workstation"])
     assert [(t.mechanism, t.fallback_reason) for t in ext.terms] == [("added_token", "the tokenizer is not BPE")] * 2
