@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Iterator
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from .db.keys import authenticate
 from .db.models import ApiKey
@@ -20,9 +20,13 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_db(request: Request) -> Iterator[Session]:
-    with request.app.state.sessions() as session:
-        yield session
+def get_sessions(request: Request) -> sessionmaker[Session]:
+    """Routes open their session with `with sessions() as db:` inside their own body, so a
+    pooled connection is held only while the route's thread runs. (A session injected by a
+    generator dependency stays open until FastAPI has serialised the response — in another
+    pool thread for sync routes — so a burst of requests can leave every thread waiting for
+    a connection that only a free thread could release: a deadlock until the pool timeout.)"""
+    return request.app.state.sessions
 
 
 def get_queue(request: Request):
@@ -30,7 +34,7 @@ def get_queue(request: Request):
 
 
 def current_key(
-    db: Annotated[Session, Depends(get_db)],
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> ApiKey:
     challenge = {"WWW-Authenticate": "Bearer"}
@@ -39,12 +43,14 @@ def current_key(
             401, "unauthorized", "missing API key: send the header 'Authorization: Bearer <key>' (create a key with `tide keys create NAME`)",
             "Authorization", challenge,
         )
-    key = authenticate(db, credentials.credentials)
+    # Its own short session, closed in this same thread (see get_sessions).
+    with request.app.state.sessions() as session:
+        key = authenticate(session, credentials.credentials)
     if key is None:
         raise ApiError(401, "unauthorized", "invalid or revoked API key; check the key or create a new one with `tide keys create NAME`", "Authorization", challenge)
     return key
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-DbDep = Annotated[Session, Depends(get_db)]
+SessionsDep = Annotated[sessionmaker[Session], Depends(get_sessions)]
 KeyDep = Annotated[ApiKey, Depends(current_key)]

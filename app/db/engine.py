@@ -21,15 +21,15 @@ def _tune_sqlite(dbapi_connection, _record) -> None:
     cursor.close()
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, pool_size: int = 10) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10}, pool_size=20, max_overflow=20)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10}, pool_size=pool_size, max_overflow=pool_size)
         event.listen(engine, "connect", _tune_sqlite)
     else:
-        engine = create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+        engine = create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=pool_size)
     return engine
 
 

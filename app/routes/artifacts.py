@@ -6,7 +6,7 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
 from ..db.models import Job
-from ..deps import DbDep, KeyDep, SettingsDep
+from ..deps import KeyDep, SessionsDep, SettingsDep
 from ..errors import ApiError
 from ..schemas import Archive, ArtifactFile, Artifacts
 from ..storage import archive_path, model_dir
@@ -22,8 +22,9 @@ _DOWNLOAD = {
 }
 
 
-def _published(db, key, job_id: str) -> Job:
-    job = owned_job(db, key, job_id)
+def _published(sessions, key, job_id: str) -> Job:
+    with sessions() as db:
+        job = owned_job(db, key, job_id)
     if job.status != "succeeded":
         raise ApiError(409, "job_not_succeeded", f"job {job_id} is {job.status}; artifacts exist only once it has succeeded", "job_id")
     if job.artifacts_deleted:
@@ -36,8 +37,8 @@ def _archive_name(job: Job) -> str:
 
 
 @router.get("/jobs/{job_id}/artifacts", response_model=Artifacts, summary="The manifest: every file with size and sha256")
-def artifacts(job_id: str, db: DbDep, key: KeyDep) -> Artifacts:
-    job = _published(db, key, job_id)
+def artifacts(job_id: str, sessions: SessionsDep, key: KeyDep) -> Artifacts:
+    job = _published(sessions, key, job_id)
     files = [
         ArtifactFile(path=f["path"], size=f["size"], sha256=f["sha256"], url=f"/jobs/{job.id}/artifacts/{f['path']}")
         for f in job.manifest or []
@@ -52,8 +53,8 @@ def artifacts(job_id: str, db: DbDep, key: KeyDep) -> Artifacts:
     summary="One file of the published model (supports Range)",
     responses=_DOWNLOAD,
 )
-def artifact_file(job_id: str, path: str, db: DbDep, key: KeyDep, settings: SettingsDep) -> FileResponse:
-    job = _published(db, key, job_id)
+def artifact_file(job_id: str, path: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> FileResponse:
+    job = _published(sessions, key, job_id)
     # Only paths the manifest lists: no way to name anything else on disk.
     if path not in {f["path"] for f in job.manifest or []}:
         raise ApiError(404, "not_found", f"job {job_id} has no artifact {path!r}; GET /jobs/{job_id}/artifacts lists them", "path")
@@ -66,6 +67,6 @@ def artifact_file(job_id: str, path: str, db: DbDep, key: KeyDep, settings: Sett
     summary="The whole model as one .tar (supports Range, so a broken download resumes with curl -C -)",
     responses=_DOWNLOAD,
 )
-def archive(job_id: str, db: DbDep, key: KeyDep, settings: SettingsDep) -> FileResponse:
-    job = _published(db, key, job_id)
+def archive(job_id: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> FileResponse:
+    job = _published(sessions, key, job_id)
     return FileResponse(archive_path(settings, job.id), filename=_archive_name(job), media_type="application/x-tar")

@@ -11,7 +11,7 @@ from extension.corpus import CorpusFormat, check_corpus
 from extension.errors import InvalidCorpusError
 
 from ..db.models import StoredFile
-from ..deps import DbDep, KeyDep, SettingsDep
+from ..deps import KeyDep, SessionsDep, SettingsDep
 from ..errors import ApiError
 from ..schemas import ErrorResponse, FileObject
 from ..storage import upload_path
@@ -53,7 +53,7 @@ _UPLOAD_BODY = {
         415: {"model": ErrorResponse, "description": "Not multipart/form-data"},
     },
 )
-async def upload(request: Request, db: DbDep, key: KeyDep, settings: SettingsDep) -> FileObject:
+async def upload(request: Request, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> FileObject:
     file_id = new_file_id()
     partial = settings.resolved_uploads_dir / f".{file_id}.partial"
     received = await receive_file(request, partial, settings.max_upload_bytes)
@@ -70,14 +70,20 @@ async def upload(request: Request, db: DbDep, key: KeyDep, settings: SettingsDep
         id=file_id, owner_id=key.id, filename=received.filename[:255], path=str(final), bytes=received.bytes,
         sha256=received.sha256, documents=documents, source="upload",
     )
-    db.add(stored)
-    db.commit()
+    await run_in_threadpool(_save, sessions, stored)
     return file_view(stored)
 
 
+def _save(sessions, stored: StoredFile) -> None:
+    with sessions() as db:
+        db.add(stored)
+        db.commit()
+
+
 @router.get("/files/{file_id}", response_model=FileObject, summary="An uploaded corpus", responses={404: {"model": ErrorResponse, "description": "No such file for this API key"}})
-def get_file(file_id: str, db: DbDep, key: KeyDep) -> FileObject:
-    stored = db.get(StoredFile, file_id)
+def get_file(file_id: str, sessions: SessionsDep, key: KeyDep) -> FileObject:
+    with sessions() as db:
+        stored = db.get(StoredFile, file_id)
     if stored is None or stored.owner_id != key.id:
         raise ApiError(404, "not_found", f"no file {file_id!r} for this API key", "file_id")
     return file_view(stored)

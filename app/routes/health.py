@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from sqlalchemy import text
 
-from ..deps import DbDep, get_queue
+from ..deps import SessionsDep, get_queue
 from ..errors import ApiError
 from ..schemas import ErrorResponse, Health, Ready
 
@@ -26,10 +26,11 @@ def healthz() -> Health:
     summary="Database, Redis and at least one worker answer",
     responses={503: {"model": ErrorResponse, "description": "Something the service needs is not answering"}},
 )
-def readyz(db: DbDep, request: Request, queue=Depends(get_queue)) -> Ready:
+def readyz(sessions: SessionsDep, queue=Depends(get_queue)) -> Ready:
     problems = []
     try:
-        db.execute(text("SELECT 1"))
+        with sessions() as db:
+            db.execute(text("SELECT 1"))
     except Exception as exc:
         log.warning("readyz: database: %s", exc)
         problems.append("database is not answering")

@@ -11,7 +11,7 @@ from sqlalchemy import delete, select
 
 from ..db.jobs import add_event, request_cancel
 from ..db.models import Event, Job, StoredFile, utcnow
-from ..deps import DbDep, KeyDep, SettingsDep, get_queue
+from ..deps import KeyDep, SessionsDep, SettingsDep, get_queue
 from ..errors import ApiError
 from ..schemas import EventList, ExtendRequest, JobList
 from ..schemas import Event as EventOut
@@ -58,24 +58,25 @@ def enqueue(db, queue, job: Job) -> None:
 def extend(
     body: ExtendRequest,
     response: Response,
-    db: DbDep,
+    sessions: SessionsDep,
     key: KeyDep,
     settings: SettingsDep,
     queue=Depends(get_queue),
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", description="Retrying with the same key returns the same job")] = None,
 ) -> JobOut:
-    job, created = submit(db, key, body, settings, idempotency_key)
-    if created:
-        enqueue(db, queue, job)
-    else:
-        response.headers["Idempotent-Replayed"] = "true"
-    response.headers["Location"] = f"/jobs/{job.id}"
-    return job_view(job)
+    with sessions() as db:
+        job, created = submit(db, key, body, settings, idempotency_key)
+        if created:
+            enqueue(db, queue, job)
+        else:
+            response.headers["Idempotent-Replayed"] = "true"
+        response.headers["Location"] = f"/jobs/{job.id}"
+        return job_view(job)
 
 
 @router.get("/jobs", response_model=JobList, summary="Your jobs, newest first")
 def list_jobs(
-    db: DbDep,
+    sessions: SessionsDep,
     key: KeyDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=20, description="next_cursor from the previous page")] = None,
@@ -88,53 +89,58 @@ def list_jobs(
         query = query.where(Job.seq < int(cursor))
     if status is not None:
         query = query.where(Job.status == status)
-    jobs = list(db.scalars(query.order_by(Job.seq.desc()).limit(limit + 1)))
+    with sessions() as db:
+        jobs = list(db.scalars(query.order_by(Job.seq.desc()).limit(limit + 1)))
     more = len(jobs) > limit
     jobs = jobs[:limit]
     return JobList(data=[job_view(j) for j in jobs], next_cursor=str(jobs[-1].seq) if more else None)
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut, summary="A job's status, stage, progress, metrics and error", responses=NOT_FOUND)
-def get_job(job_id: str, db: DbDep, key: KeyDep) -> JobOut:
-    return job_view(owned_job(db, key, job_id))
+def get_job(job_id: str, sessions: SessionsDep, key: KeyDep) -> JobOut:
+    with sessions() as db:
+        return job_view(owned_job(db, key, job_id))
 
 
 @router.get("/jobs/{job_id}/events", response_model=EventList, summary="Stage changes, progress, metrics and warnings", responses=NOT_FOUND)
 def job_events(
     job_id: str,
-    db: DbDep,
+    sessions: SessionsDep,
     key: KeyDep,
     after: Annotated[int, Query(ge=0, le=2**62, description="Only events with a larger id")] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> EventList:
-    owned_job(db, key, job_id)
-    rows = list(db.scalars(select(Event).where(Event.job_id == job_id, Event.id > after).order_by(Event.id).limit(limit)))
+    with sessions() as db:
+        owned_job(db, key, job_id)
+        rows = list(db.scalars(select(Event).where(Event.job_id == job_id, Event.id > after).order_by(Event.id).limit(limit)))
     data = [EventOut(id=e.id, kind=e.kind, payload=e.payload, created_at=e.created_at) for e in rows]
     return EventList(data=data, next_after=data[-1].id if data else after)
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut, summary="Cancel a queued or running job", responses={**NOT_FOUND, **CONFLICT})
-def cancel_job(job_id: str, db: DbDep, key: KeyDep) -> JobOut:
-    job = owned_job(db, key, job_id)
-    if not request_cancel(db, job):
-        raise ApiError(409, "job_finished", f"job {job_id} already {job.status}; there is nothing to cancel", "job_id")
-    db.refresh(job)
-    return job_view(job)
+def cancel_job(job_id: str, sessions: SessionsDep, key: KeyDep) -> JobOut:
+    with sessions() as db:
+        job = owned_job(db, key, job_id)
+        if not request_cancel(db, job):
+            raise ApiError(409, "job_finished", f"job {job_id} already {job.status}; there is nothing to cancel", "job_id")
+        db.refresh(job)
+        return job_view(job)
 
 
 @router.delete("/jobs/{job_id}", status_code=204, summary="Delete a finished job and its artifacts", responses={**NOT_FOUND, **CONFLICT})
-def delete_job(job_id: str, db: DbDep, key: KeyDep, settings: SettingsDep) -> Response:
-    job = owned_job(db, key, job_id)
-    if job.status not in ("succeeded", "failed", "cancelled"):
-        raise ApiError(409, "job_active", f"job {job_id} is {job.status}; cancel it first (POST /jobs/{job_id}/cancel)", "job_id")
-    remove_tree(job_artifacts_dir(settings, job.id))
-    remove_tree(job_work_dir(settings, job.id))
-    inline = db.get(StoredFile, job.corpus_file_id) if job.corpus_file_id else None
-    db.execute(delete(Event).where(Event.job_id == job.id))
-    db.delete(job)
-    if inline is not None and inline.source == "inline":
-        Path(inline.path).unlink(missing_ok=True)
-        db.delete(inline)
-    db.commit()
+def delete_job(job_id: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> Response:
+    with sessions() as db:
+        job = owned_job(db, key, job_id)
+        if job.status not in ("succeeded", "failed", "cancelled"):
+            raise ApiError(409, "job_active", f"job {job_id} is {job.status}; cancel it first (POST /jobs/{job_id}/cancel)", "job_id")
+        remove_tree(job_artifacts_dir(settings, job.id))
+        remove_tree(job_work_dir(settings, job.id))
+        inline = db.get(StoredFile, job.corpus_file_id) if job.corpus_file_id else None
+        db.execute(delete(Event).where(Event.job_id == job.id))
+        db.delete(job)
+        if inline is not None and inline.source == "inline":
+            Path(inline.path).unlink(missing_ok=True)
+            db.delete(inline)
+        db.commit()
     return Response(status_code=204)
 
