@@ -123,7 +123,8 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
             "duplicate); see the skipped list",
             param="terms",
         )
-    callbacks.on_event("extension", extended.to_json())
+    tokenizer_report = extended.to_json()  # per term and per token: big, so events get the counts
+    callbacks.on_event("extension", {"counts": tokenizer_report["counts"], "skipped": tokenizer_report["skipped"][:100]})
 
     stages.enter("init")
     rows = subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
@@ -166,7 +167,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         "trained_steps": spec.steps,
         "vocab": {k: init_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
         "padding_ids": init_report["padding_ids"],
-        **extended.to_json(),
+        **tokenizer_report,
     }
     if mined is not None:
         extension["mining"] = mined.to_json()
