@@ -114,7 +114,7 @@ def _free_port() -> int:
 
 
 class Service:
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, worker_nice: int = 10):
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("TIDE_")}
@@ -123,6 +123,7 @@ class Service:
             "TIDE_CACHE_DIR": str(REPO / ".cache"),
             "TIDE_REDIS_URL": "redis://127.0.0.1:6379/14",
             "TIDE_QUEUE": f"tide-bench-{uuid.uuid4().hex[:10]}",
+            "TIDE_WORKER_NICE": str(worker_nice),
         })
         self.logs = data_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -143,6 +144,12 @@ class Service:
                 pass
             time.sleep(0.5)
         raise RuntimeError("service did not become ready; see " + str(self.logs))
+
+    def job_process(self) -> int:
+        """The worker's pool child, which runs the job."""
+        out = subprocess.run(["pgrep", "-P", str(self.procs[1].pid)], capture_output=True, text=True).stdout.split()
+        assert len(out) == 1, out
+        return int(out[0])
 
     def key(self) -> str:
         out = subprocess.run([TIDE, "keys", "create", "bench"], env=self.env, cwd=REPO, capture_output=True, text=True, check=True)
@@ -194,6 +201,15 @@ class Api:
 
 
 FINISHED = {"succeeded", "failed", "cancelled"}
+FOLDOC = Path("/usr/share/dictd/foldoc.dict.dz")
+
+
+def foldoc_text(chars: int) -> str:
+    """Computing-dictionary text (Debian's dict-foldoc), read at run time."""
+    import gzip
+
+    with gzip.open(FOLDOC, "rt", encoding="utf-8", errors="replace") as handle:
+        return handle.read(chars)
 
 
 def submit_to_start(api: Api, repeats: int) -> list[dict]:
@@ -211,6 +227,33 @@ def submit_to_start(api: Api, repeats: int) -> list[dict]:
     return samples
 
 
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def measure_training(service: Service, api: Api, key: str, clients: int, seconds: float, alone_s: float = 15.0) -> dict:
+    """Poll the job that is training right now; note how much CPU the job gets, alone and while
+    polled (its steps are too slow on a shared 2-core machine to count in a short window)."""
+    # a corpus gives the training windows at once (terms alone first generate contexts)
+    job = api.submit({"base_model": "smollm2-135m", "terms": ["cryptanalysis", "teletypewriter"], "corpus_text": foldoc_text(150_000),
+                      "training": {"steps": 20_000, "batch_size": 2, "seq_len": 64, "checkpoint_every": 10_000}})
+    api.wait(job["id"], lambda j: j["stage"] == "train" and j["progress"]["step"] >= 1, interval=0.5)
+    child = service.job_process()
+    cpu0, step0, t0 = _cpu_seconds(child), api.job(job["id"])["progress"]["step"], time.perf_counter()
+    time.sleep(alone_s)
+    cpu1, step1, t1 = _cpu_seconds(child), api.job(job["id"])["progress"]["step"], time.perf_counter()
+    polling = run_clients(f"{service.base}/jobs/{job['id']}", key, clients, seconds)
+    cpu2, step2, t2 = _cpu_seconds(child), api.job(job["id"])["progress"]["step"], time.perf_counter()
+    api.cancel(job["id"])
+    api.wait(job["id"], lambda j: j["status"] in FINISHED, interval=0.5)
+    return {
+        "polling": polling,
+        "job_cpu_alone": (cpu1 - cpu0) / (t1 - t0), "job_cpu_polled": (cpu2 - cpu1) / (t2 - t1),
+        "steps_alone": step1 - step0, "steps_polled": step2 - step1, "alone_s": t1 - t0, "polled_s": t2 - t1,
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", type=int, default=100)
@@ -225,79 +268,77 @@ def main() -> int:
         return 0
 
     load_before = os.getloadavg()
+    training: dict[int, dict] = {}
     with tempfile.TemporaryDirectory(prefix="tide-bench-") as tmp:
-        service = Service(Path(tmp))
-        service.start()
-        try:
-            api = Api(service.base, service.key())
-            starts = submit_to_start(api, args.starts)
+        for nice in (10, 0):  # the default, and without lowering the job's priority
+            service = Service(Path(tmp) / f"nice{nice}", worker_nice=nice)
+            service.start()
+            try:
+                api = Api(service.base, service.key())
+                key = api.client.headers["Authorization"].split()[1]
+                if nice == 10:
+                    starts = submit_to_start(api, args.starts)
+                    # idle: clients poll a finished job; nothing trains
+                    idle = run_clients(f"{service.base}/jobs/{starts[-1]['job_id']}", key, args.clients, args.seconds)
+                training[nice] = measure_training(service, api, key, args.clients, args.seconds)
+            finally:
+                service.stop()
 
-            # idle: a finished job, nothing training
-            key = api.client.headers["Authorization"].split()[1]
-            idle = run_clients(f"{service.base}/jobs/{starts[-1]['job_id']}", key, args.clients, args.seconds)
-
-            # training: clients poll the job that is training right now
-            train = api.submit({"base_model": "smollm2-135m", "terms": ["immunohistochemistry", "pharmacokinetics"],
-                                "training": {"steps": 20_000, "batch_size": 4, "seq_len": 128, "checkpoint_every": 10_000}})
-            api.wait(train["id"], lambda j: j["stage"] == "train" and j["progress"]["step"] >= 2, interval=0.5)
-            step_before = api.job(train["id"])["progress"]["step"]
-            t0 = time.perf_counter()
-            busy = run_clients(f"{service.base}/jobs/{train['id']}", key, args.clients, args.seconds)
-            window = time.perf_counter() - t0
-            step_after = api.job(train["id"])["progress"]["step"]
-            api.cancel(train["id"])
-            api.wait(train["id"], lambda j: j["status"] in FINISHED, interval=0.5)
-        finally:
-            service.stop()
-
-    print(json.dumps({"idle": idle, "training": busy, "starts": starts}, indent=1), file=sys.stderr)
-    report = render(args, idle, busy, starts, step_after - step_before, window, load_before, os.getloadavg())
+    print(json.dumps({"idle": idle, "training": training, "starts": starts}, indent=1), file=sys.stderr)
+    report = render(args, idle, training, starts, load_before, os.getloadavg())
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report)
     print(report)
     return 0
 
 
-def render(args, idle: dict, busy: dict, starts: list[dict], steps: int, window: float, load_before, load_after) -> str:
-    ratio = busy["p99_ms"] / idle["p99_ms"]
-    verdict = "meets" if ratio <= 2.0 else "MISSES"
-    rows = "\n".join(
-        f"| {name} | {r['requests']} | {r['errors']} | {r['rps']:.0f} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | {r['p99_ms']:.1f} | {r['max_ms']:.1f} |"
-        for name, r in (("idle", idle), ("while training", busy))
-    )
+def render(args, idle: dict, training: dict[int, dict], starts: list[dict], load_before, load_after) -> str:
+    def row(name: str, r: dict, rate: str) -> str:
+        return (f"| {name} | {r['requests']} | {r['errors']} | {r['rps']:.0f} | {r['p50_ms']:.1f} | {r['p90_ms']:.1f} | "
+                f"{r['p99_ms']:.1f} | {r['max_ms']:.1f} | {rate} |")
+
+    rows = [row("idle", idle, "—")]
+    ratios = []
+    for nice, result in training.items():
+        rate = (f"{100 * result['job_cpu_alone']:.0f}% → {100 * result['job_cpu_polled']:.0f}% "
+                f"({result['steps_alone']} → {result['steps_polled']} steps)")
+        rows.append(row(f"while training, job at nice {nice}", result["polling"], rate))
+        ratios.append(f"nice {nice}: **{result['polling']['p99_ms'] / idle['p99_ms']:.2f}×**")
     server = [s["server_s"] * 1000 for s in starts]
     client = [s["client_s"] * 1000 for s in starts]
+    default = training[10]["polling"]["p99_ms"] / idle["p99_ms"]
     return f"""# Status polling under load
 
 Command: `.venv/bin/python benchmarks/polling.py --clients {args.clients} --seconds {args.seconds:g} --starts {args.starts}`
 Machine: {os.cpu_count()} CPU cores, no GPU, Python {platform.python_version()}, {platform.platform()}.
 Run: {datetime.now().isoformat(timespec='seconds')}; load average (1/5/15 min) {_load(load_before)} before,
-{_load(load_after)} after (other work on the machine shares these cores).
+{_load(load_after)} after — other engineers' jobs share these two cores, so absolute numbers are low
+and noisy; compare rows of the same run.
 
-Setup: `tide serve` (one uvicorn process) and `tide worker` (Celery prefork, one job child at
-nice {os.environ.get('TIDE_WORKER_NICE', '10')}) as subprocesses, Redis on loopback, SQLite in WAL mode. {args.clients} concurrent
-clients (asyncio streams, one keep-alive connection each) in a separate process poll `GET /jobs/{{id}}` as fast as
-they can for {args.seconds:g} s after a 2 s warm-up. "While training" polls the job that is training:
-SmolLM2-135M, batch 4 × 128 tokens, on the same two cores; it advanced {steps} steps during the
-{window:.0f} s window, so it really was training.
+Setup: `tide serve` (one uvicorn process) and `tide worker` (Celery prefork, one job child) as
+subprocesses, Redis on loopback, SQLite in WAL mode. {args.clients} concurrent clients (asyncio streams,
+one keep-alive connection each) in a separate process poll `GET /jobs/{{id}}` as fast as they can
+for {args.seconds:g} s after a 2 s warm-up. "While training" polls the job that is training: SmolLM2-135M,
+batch 2 × 64 tokens, on the same two cores, first with the default `TIDE_WORKER_NICE=10`, then
+with 0. The last column is the CPU the job process got (100% = one core) and the training steps
+it finished: alone (15 s before the clients start) → while being polled.
 
-| scenario | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms |
-| --- | --- | --- | --- | --- | --- | --- | --- |
-{rows}
+| scenario | requests | errors | req/s | p50 ms | p90 ms | p99 ms | max ms | job CPU (steps) |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+{chr(10).join(rows)}
 
-p99 while training / p99 idle = **{ratio:.2f}×** — {verdict} the target of ≤ 2×.
+p99 while training / p99 idle: {", ".join(ratios)} — the default {"meets" if default <= 2.0 else "MISSES"} the target of ≤ 2×.
 
 Submit to start (worker idle; {len(starts)} jobs): the server's `started_at - created_at` (message
 through Redis, the pre-forked child claims the job) median {statistics.median(server):.0f} ms,
 max {max(server):.0f} ms; as a client sees it (POST until a poll says `running`, polling every
 20 ms) median {statistics.median(client):.0f} ms, max {max(client):.0f} ms.
 
-Latency under 100 concurrent clients is queueing: one request takes about
-{1000 / idle['rps']:.1f} ms of server time at {idle['rps']:.0f} req/s, so 100 outstanding requests wait
-about {100 * 1000 / idle['rps']:.0f} ms — p50 is throughput-bound, not slow per request. The training
-child runs at a lower CPU priority (`TIDE_WORKER_NICE`), which is what keeps polling latency
-close to idle on a host where API and worker share cores; on a GPU host the job mostly waits on
-the GPU anyway.
+Reading it: under {args.clients} clients latency is queueing — at {idle['rps']:.0f} req/s one request costs about
+{1000 / idle['rps']:.1f} ms of server time, so {args.clients} outstanding requests wait about
+{args.clients * 1000 / idle['rps']:.0f} ms; p50 is throughput-bound, not slow per request. The job's
+niceness decides who yields when API and training share cores: compare its CPU share alone and
+while polled in the two rows. On a GPU host the job mostly waits on the GPU.
 """
 
 
