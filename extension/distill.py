@@ -227,7 +227,12 @@ class TermContextObjective:
 
 def terms_objective(model, extended, config, *, objective: str = "distill", per_term: int = 4,
                     max_new_tokens: int = 64, work_dir: Path | None = None, should_cancel=None) -> TermContextObjective:
-    """The training data of a terms-only job (call before attaching the adapter)."""
+    """The training data of a terms-only job (call before attaching the adapter).
+
+    Generation is the slow part on a CPU, so no more contexts are sampled than the run can read
+    (steps x batch_size sequences), but every term gets at least one."""
+    terms = max(1, len(extended.terms))
+    per_term = max(1, min(per_term, -(-config.steps * config.batch_size // terms)))
     texts = term_contexts(model, extended, per_term=per_term, max_new_tokens=max_new_tokens, seed=config.seed,
                           work_dir=work_dir, should_cancel=should_cancel)
     return TermContextObjective(texts, extended, batch_size=config.batch_size, seq_len=config.seq_len,
