@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 from sqlalchemy import delete, select
@@ -13,7 +13,7 @@ from ..db.jobs import add_event, request_cancel
 from ..db.models import Event, Job, StoredFile, utcnow
 from ..deps import KeyDep, SessionsDep, SettingsDep, get_queue
 from ..errors import ApiError
-from ..schemas import EventList, ExtendRequest, JobList
+from ..schemas import EventList, ExtendRequest, JobList, JobStatus
 from ..schemas import Event as EventOut
 from ..schemas import Job as JobOut
 from ..storage import job_artifacts_dir, job_work_dir, remove_tree
@@ -23,8 +23,6 @@ from . import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
 
 router = APIRouter(tags=["jobs"], responses={**AUTH_ERRORS, **INVALID})
 log = logging.getLogger("tide.api")
-
-JobStatusFilter = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
 
 
 def owned_job(db, key, job_id: str) -> Job:
@@ -80,7 +78,7 @@ def list_jobs(
     key: KeyDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=20, description="next_cursor from the previous page")] = None,
-    status: Annotated[JobStatusFilter | None, Query(description="Only jobs in this status")] = None,
+    status: Annotated[JobStatus | None, Query(description="Only jobs in this status")] = None,
 ) -> JobList:
     query = select(Job).where(Job.owner_id == key.id)
     if cursor is not None:
