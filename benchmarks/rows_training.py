@@ -100,13 +100,13 @@ def windows(args) -> None:
         held_out = list(held_out_documents(corpus))
         general = load_general_text()
         config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, warmup_steps=5,
-                             checkpoint_every=0)
+                             checkpoint_every=0, lr=args.lr)
         base = score(model, tokenizer, held_out, general, None, args.eval_bytes)
         print("base", base, flush=True)
         rows = subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
         eval_at = set(range(0, args.steps + 1, args.eval_every))
         runs = {}
-        for sampling in ("sequential", "centred", "mixed"):
+        for sampling in args.samplings.split(","):
             data = corpus_windows(corpus, extended.tokenizer, base_vocab_size=extended.base_vocab_size,
                                   config=config, sampling=sampling)
             share = float((data.batch(0)[:, 1:] >= extended.base_vocab_size).float().mean())
@@ -115,6 +115,7 @@ def windows(args) -> None:
                 model, extended, rows, data, config, eval_at,
                 lambda: score(model, extended.tokenizer, held_out, general, new_ids, args.eval_bytes))
             runs[sampling] = {"points": points, "seconds": seconds, "first_batch_new_share": share,
+                              "loss_first_last_5": [[h["loss"] for h in history[:5]], [h["loss"] for h in history[-5:]]],
                               "occurrences": len(data.occurrences), "stream_tokens": int(data.tokens.numel())}
     write_windows_report(args, base, runs, len(new_ids))
 
@@ -125,11 +126,11 @@ def write_windows_report(args, base, runs, new_rows) -> None:
         "# Window sampling for corpus jobs: centred on new tokens vs sequential",
         "",
         f"Command: `nice -n 10 .venv/bin/python benchmarks/rows_training.py windows --steps {args.steps} "
-        f"--eval-every {args.eval_every} --new-tokens {args.new_tokens} --batch-size {args.batch_size} "
-        f"--seq-len {args.seq_len} --eval-bytes {args.eval_bytes} --threads {args.threads}`",
+        f"--eval-every {args.eval_every} --new-tokens {args.new_tokens} --samplings {args.samplings} --batch-size {args.batch_size} "
+        f"--seq-len {args.seq_len} --eval-bytes {args.eval_bytes} --lr {args.lr} --threads {args.threads}`",
         "",
         f"SmolLM2-135M (real weights), FOLDOC corpus (dict-foldoc), {new_rows} new vocabulary entries mined "
-        f"from its train split, subword-mean init, batch {args.batch_size} x seq {args.seq_len}, lr 1e-3 x 5 "
+        f"from its train split, subword-mean init, batch {args.batch_size} x seq {args.seq_len}, lr {args.lr} x 5 "
         "(tied rows), warmup 5, cosine. Held-out = the corpus's hash split (never seen by mining or training), "
         f"first {args.eval_bytes // 1000} KB; general = extension.evaluate's default English text, first "
         f"{args.eval_bytes // 1000} KB. Scored with extension.evaluate (bits per byte).",
@@ -179,7 +180,7 @@ def terms(args) -> None:
         docs = [d for d in iter_documents(corpus) if pattern.search(d)]  # real text with the terms
         general = load_general_text()
         config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, warmup_steps=5,
-                             checkpoint_every=0)
+                             checkpoint_every=0, lr=args.lr)
         began = time.perf_counter()
         texts = generate_texts(model, extended, per_term=args.per_term, max_new_tokens=args.context_tokens, seed=0)
         generation_s = time.perf_counter() - began
@@ -188,13 +189,15 @@ def terms(args) -> None:
         print("base", base, flush=True)
         rows = subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
         runs = {}
-        for objective in ("lm", "distill"):
+        eval_at = {0, args.steps} | set(range(0, args.steps, args.eval_every or args.steps))
+        for objective in args.objectives.split(","):
             data = TermContextObjective(texts, extended, batch_size=args.batch_size, seq_len=args.seq_len,
                                         objective=objective)
             points, history, seconds = train_and_score(
-                model, extended, rows, data, config, {0, args.steps},
+                model, extended, rows, data, config, eval_at,
                 lambda: score(model, extended.tokenizer, docs, general, new_ids, args.eval_bytes))
-            runs[objective] = {"points": points, "seconds": seconds, "final_loss": history[-1]["loss"]}
+            runs[objective] = {"points": points, "seconds": seconds,
+                               "loss_first_last_5": [[h["loss"] for h in history[:5]], [h["loss"] for h in history[-5:]]]}
     write_terms_report(args, base, runs, term_list, generation_s, len(texts), texts[:3])
 
 
@@ -205,13 +208,14 @@ def write_terms_report(args, base, runs, term_list, generation_s, n_texts, sampl
         "",
         f"Command: `nice -n 10 .venv/bin/python benchmarks/rows_training.py terms --terms {args.terms} "
         f"--steps {args.steps} --per-term {args.per_term} --context-tokens {args.context_tokens} "
+        f"--objectives {args.objectives} --eval-every {args.eval_every} --lr {args.lr} "
         f"--batch-size {args.batch_size} --seq-len {args.seq_len} --eval-bytes {args.eval_bytes} --threads {args.threads}`",
         "",
         f"SmolLM2-135M (real weights). {len(term_list)} FOLDOC terms (the most frequent 6+ letter words the "
         f"base tokenizer splits into 3+ pieces): {', '.join(term_list)}. Contexts: {n_texts} texts "
         f"({args.per_term} per term, {args.context_tokens} sampled tokens after a neutral prompt with the term) "
         f"generated by the base model in {generation_s:.0f}s. {args.steps} steps x batch {args.batch_size}, "
-        "lr 1e-3 x 5, the same init and contexts for both objectives. Scored with extension.evaluate on "
+        f"lr {args.lr} x 5, the same init and contexts for both objectives. Scored with extension.evaluate on "
         f"real FOLDOC paragraphs that contain a term (first {args.eval_bytes // 1000} KB; the job never "
         "saw them) and on general English text.",
         "",
@@ -222,9 +226,11 @@ def write_terms_report(args, base, runs, term_list, generation_s, n_texts, sampl
         f"{init['new_token_usage']:.4f} | - |",
     ]
     for objective, run in runs.items():
-        end = run["points"][args.steps]
-        lines.append(f"| {objective} | {end['domain_bpb']:.4f} | {end['domain_tpb']:.4f} | {end['general_bpb']:.4f} | "
-                     f"{end['new_token_usage']:.4f} | {run['seconds']:.0f} |")
+        for step, end in sorted(run["points"].items()):
+            if step:
+                seconds = f"{run['seconds']:.0f}" if step == args.steps else ""
+                lines.append(f"| {objective} @{step} | {end['domain_bpb']:.4f} | {end['domain_tpb']:.4f} | "
+                             f"{end['general_bpb']:.4f} | {end['new_token_usage']:.4f} | {seconds} |")
     lines += ["", "Sample contexts:", ""] + [f"- {json.dumps(s[:300])}" for s in samples]
     lines += ["", "Raw:", "", "```json", json.dumps({"base": base, "runs": runs}, indent=1, default=str), "```", ""]
     (RESULTS / "terms_only_training.md").write_text("\n".join(lines))
@@ -238,15 +244,19 @@ def main() -> None:
     w.add_argument("--steps", type=int, default=48)
     w.add_argument("--eval-every", type=int, default=16)
     w.add_argument("--new-tokens", type=int, default=300)
+    w.add_argument("--samplings", default="sequential,centred,mixed")
     t = sub.add_parser("terms")
     t.add_argument("--terms", type=int, default=16)
     t.add_argument("--steps", type=int, default=40)
     t.add_argument("--per-term", type=int, default=4)
     t.add_argument("--context-tokens", type=int, default=48)
+    t.add_argument("--objectives", default="lm,distill")
+    t.add_argument("--eval-every", type=int, default=0, help="also score every N steps (0: only init and end)")
     for p in (w, t):
         p.add_argument("--batch-size", type=int, default=4)
         p.add_argument("--seq-len", type=int, default=128)
         p.add_argument("--eval-bytes", type=int, default=12_000)
+        p.add_argument("--lr", type=float, default=1e-3, help="base LR (input rows get x5)")
         p.add_argument("--threads", type=int, default=1, help="torch threads (1: the machine is shared)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
