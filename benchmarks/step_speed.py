@@ -208,7 +208,7 @@ def write_report(args, results: dict) -> None:
         f"Command: `nice -n 10 .venv/bin/python benchmarks/step_speed.py --models {args.models} --reps {args.reps} "
         f"--new {args.new} --batch-size {args.batch_size} --seq-len {args.seq_len} --threads {args.threads}`",
         "",
-        f"CPU only ({torch.get_num_threads()} threads, torch {torch.__version__}), fp32, batch {args.batch_size} x "
+        f"CPU only (torch threads: {torch.get_num_threads()}, torch {torch.__version__}), fp32, batch {args.batch_size} x "
         f"seq {args.seq_len}, {args.new} new rows, 10% of the input ids new. Step time: median of {args.reps} "
         "repetitions, systems interleaved in one process. Memory: each system in a fresh process; "
         "'step peak' is the peak resident set during two steps (the first allocates the optimizer "
