@@ -313,14 +313,6 @@ class RowsAdapter(nn.Module):
 
         return NewRows(input=copy(self.input_rows), output=copy(self.output_rows), output_bias=copy(self.output_bias))
 
-    def load_rows(self, rows: NewRows) -> None:
-        with torch.no_grad():
-            self.input_rows.copy_(rows.input)
-            if self.output_rows is not None:
-                self.output_rows.copy_(rows.output)
-            if self.output_bias is not None and rows.output_bias is not None:
-                self.output_bias.copy_(rows.output_bias)
-
     def merge(self, into=None, **apply_kwargs) -> dict:
         """Detach, then write the trained rows into plain, resized weights.
 
