@@ -17,9 +17,11 @@ done
 # The API creates its tables at start and a worker claims jobs in the database: wait for a database
 # that is still starting (the postgres profile) or remote (a GPU host), for DB_WAIT_S seconds.
 wait_for_database() {
-  local deadline=$((SECONDS + ${DB_WAIT_S:-90})) problem
+  # Microseconds from EPOCHREALTIME: bash's SECONDS ticks on wall-clock second boundaries, so a
+  # deadline built from it can fire up to a second early.
+  local deadline=$((${EPOCHREALTIME/./} + ${DB_WAIT_S:-90} * 1000000)) problem
   until problem="$(python "$here/healthcheck.py" database 2>&1)"; do
-    if [ "$SECONDS" -ge "$deadline" ]; then
+    if [ "${EPOCHREALTIME/./}" -ge "$deadline" ]; then
       echo "tide-entrypoint: gave up waiting for the database after ${DB_WAIT_S:-90} s: $problem" >&2
       exit 1
     fi
