@@ -8,13 +8,15 @@ so the Spanish test split holds the 50 KB evaluated). The terms are the N whole 
 TRAIN split that save the most tokens there (count x (pieces of " word" - 1), count >= 3).
 
 Systems, each in its own child process (so its peak resident memory is its own), all on the real
-SmolLM2-135M, the same terms, and — for the trained ones — the same batches (TIDE's
-`TokenWindows`, mixed sampling, over the train split shuffled with a fixed seed), steps, batch,
-sequence length and optimizer settings:
+SmolLM2-135M, the same terms, and — for the trained ones — the same windows of the train split
+(TIDE's `TokenWindows` over the split shuffled with a fixed seed), steps, batch, sequence length
+and optimizer settings. The peers read the windows in order (`sequential`), as their own training
+loops would; ours picks windows centred on new-token occurrences (TIDE's default sampling):
   base              the unextended model
   hf_add_tokens     tokenizer.add_tokens + resize_token_embeddings(mean_resizing=True)
   subword_mean      TIDE's extended tokenizer + subword-mean rows, untrained
   trainable_tokens  PEFT TrainableTokens on the new ids, trained
+  trainable_tokens_centred  the same, on exactly ours' centred batches (isolates the sampling)
   full_embedding    the whole embedding (tied: and head) trained
   ours              TIDE: rows adapter (extension/rows.py) trained with extension/train.py
   ours_mined        ours, with the corpus miner's entries (extension.mining) instead of the words
@@ -48,12 +50,15 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import torch  # noqa: E402
 
+from extension.train import DEFAULT_SAMPLING, TrainConfig  # noqa: E402
+
 SPANISH_DIR = Path("/usr/share/games/fortunes/es")
 FOLDOC = Path("/usr/share/dictd/foldoc.dict.dz")
 HELD_OUT_FRACTION = 0.1
-SYSTEMS = ("base", "hf_add_tokens", "subword_mean", "trainable_tokens", "full_embedding", "ours", "ours_mined")
-TRAINED = {"trainable_tokens", "full_embedding", "ours", "ours_mined"}
-PEERS = ("hf_add_tokens", "subword_mean", "trainable_tokens", "full_embedding")
+SYSTEMS = ("base", "hf_add_tokens", "subword_mean", "trainable_tokens", "trainable_tokens_centred", "full_embedding",
+           "ours", "ours_mined")
+TRAINED = {"trainable_tokens", "trainable_tokens_centred", "full_embedding", "ours", "ours_mined"}
+PEERS = ("hf_add_tokens", "subword_mean", "trainable_tokens", "trainable_tokens_centred", "full_embedding")
 DOMAINS = ("es", "foldoc")
 RESULTS = REPO / "benchmarks" / "results"
 
@@ -109,7 +114,7 @@ def load_base():
     return model, tokenizer
 
 
-def _windows(tokenizer, train_docs: list[str], base_vocab_size: int, config):
+def _windows(tokenizer, train_docs: list[str], base_vocab_size: int, config, sampling: str):
     from extension.train import TokenWindows, tokenize_documents, window_prefix
 
     shuffled = list(train_docs)
@@ -117,14 +122,12 @@ def _windows(tokenizer, train_docs: list[str], base_vocab_size: int, config):
     budget = max(200_000, 4 * config.steps * config.batch_size * config.seq_len)
     tokens = tokenize_documents(shuffled, tokenizer, max_tokens=budget)
     return TokenWindows(tokens, base_vocab_size=base_vocab_size, batch_size=config.batch_size,
-                        seq_len=config.seq_len, seed=config.seed, sampling="mixed", prefix=window_prefix(tokenizer))
+                        seq_len=config.seq_len, seed=config.seed, sampling=sampling, prefix=window_prefix(tokenizer))
 
 
 def run_system(domain: str, system: str, spec: dict) -> dict:
     import peers
     from extension.evaluate import evaluate_model, load_general_text
-    from extension.train import TrainConfig
-
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
@@ -160,16 +163,18 @@ def run_system(domain: str, system: str, spec: dict) -> dict:
 
             rows = subword_mean_rows(model, extended.new_tokens, base_vocab)
             adapter = attach(model, base_vocab, rows)
-            result = train_rows(model, adapter, _windows(tokenizer, train_docs, base_vocab, config), config)
+            windows = _windows(tokenizer, train_docs, base_vocab, config, DEFAULT_SAMPLING)
+            result = train_rows(model, adapter, windows, config)
             history = [{"step": r["step"], "loss": r["loss"]} for r in result.history]
             adapter.merge()
         else:
             peers.subword_mean(model, extended)
-            if system == "trainable_tokens":
-                batches = _windows(tokenizer, train_docs, base_vocab, config).batch
+            if system.startswith("trainable_tokens"):
+                sampling = DEFAULT_SAMPLING if system == "trainable_tokens_centred" else "sequential"
+                batches = _windows(tokenizer, train_docs, base_vocab, config, sampling).batch
                 model, history, row["warnings"] = peers.trainable_tokens(model, new_ids, batches, config)
             elif system == "full_embedding":
-                batches = _windows(tokenizer, train_docs, base_vocab, config).batch
+                batches = _windows(tokenizer, train_docs, base_vocab, config, "sequential").batch
                 history = peers.full_embedding(model, batches, config)
     row["seconds"] = round(time.perf_counter() - started, 1)
     row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
@@ -195,11 +200,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=TrainConfig().lr)
     parser.add_argument("--eval-bytes", type=int, default=50_000)
     parser.add_argument("--general-bytes", type=int, default=25_000)
     parser.add_argument("--threads", type=int, default=0, help="torch threads per system (0: torch's default)")
     parser.add_argument("--out", type=Path, default=RESULTS / "quality.md")
+    parser.add_argument("--combine", nargs="+", type=Path, metavar="JSON",
+                        help="only write --out from the .json results of earlier runs (e.g. one per domain, run in parallel)")
     parser.add_argument("--child", nargs=3, metavar=("DOMAIN", "SYSTEM", "SPEC"), help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -207,6 +214,14 @@ def main() -> None:
         domain, system, spec_path = args.child
         spec = json.loads(Path(spec_path).read_text())
         print(json.dumps(run_system(domain, system, spec)))
+        return
+
+    if args.combine:
+        saved = [json.loads(path.read_text()) for path in args.combine]
+        spec = {**saved[0]["spec"], "terms_count": saved[0]["spec"]["terms_count"]}
+        rows = [row for result in saved for row in result["rows"]]
+        args.out.with_suffix(".json").write_text(json.dumps({"spec": spec, "rows": rows}, indent=1))
+        args.out.write_text(report(spec, rows, max(result.get("seconds", 0) for result in saved), domains_in_parallel=True))
         return
 
     domains = args.domains.split(",")
@@ -245,7 +260,7 @@ def main() -> None:
                       file=sys.stderr, flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps({"spec": {k: v for k, v in spec.items() if k != "terms"},
-                                                         "rows": rows}, indent=1))
+                                                         "rows": rows, "seconds": time.time() - started}, indent=1))
     args.out.write_text(report(spec, rows, time.time() - started))
     print(f"wrote {args.out}", file=sys.stderr)
 
@@ -255,19 +270,28 @@ def _pct(value: float, base: float) -> str:
     return f"{(value / base - 1) * 100:+.2f}%"
 
 
-def report(spec: dict, rows: list[dict], seconds: float) -> str:
+def report(spec: dict, rows: list[dict], seconds: float, *, domains_in_parallel: bool = False) -> str:
+    command = (f"nice -n 10 .venv/bin/python benchmarks/quality.py --steps {spec['steps']} "
+               f"--batch-size {spec['batch_size']} --seq-len {spec['seq_len']}"
+               + (f" --threads {spec['threads']}" if spec.get("threads") else ""))
+    if domains_in_parallel:
+        ran = (f"Commands: `{command} --domains D --out /tmp/quality_D.md` for D = es and foldoc at the same "
+               f"time ({seconds / 60:.0f} min in all on 2 CPU cores), then `.venv/bin/python "
+               "benchmarks/quality.py --combine /tmp/quality_es.json /tmp/quality_foldoc.json`.")
+    else:
+        ran = f"Command: `{command}` (total {seconds / 60:.0f} min on 2 shared CPU cores)."
     lines = [
         "# Quality: ours vs the peers (issue 3, benchmark a)",
         "",
-        f"Command: `nice -n 10 .venv/bin/python benchmarks/quality.py --steps {spec['steps']} "
-        f"--batch-size {spec['batch_size']} --seq-len {spec['seq_len']}"
-        + (f" --threads {spec['threads']}" if spec.get("threads") else "") + "` "
-        f"(total {seconds / 60:.0f} min on 2 shared CPU cores).",
+        ran,
         "",
         f"Model: SmolLM2-135M-Instruct (fp32, CPU). Terms: the {spec['terms_count']} whole words of "
         f"the train split saving the most tokens. Trained systems: {spec['steps']} steps x batch "
         f"{spec['batch_size']} x seq {spec['seq_len']}, lr {spec['lr']} x 5 for embedding rows, "
-        "weight decay 0, the same batches for every system. Evaluation: first "
+        "weight decay 0. Batches: windows of the train split (shuffled with a fixed seed); the peers read "
+        "them in order (`sequential`), as their own training loops would; ours reads windows centred on "
+        "new-token occurrences (TIDE's default sampling), and `trainable_tokens_centred` is PEFT on ours' "
+        "very batches. Evaluation: first "
         f"{spec['eval_bytes']:,} bytes of the held-out split; general English: first "
         f"{spec['general_bytes']:,} bytes of the default general text. Bits per byte: lower is "
         "better; percentages are against the base model in the same run.",
@@ -305,6 +329,12 @@ def report(spec: dict, rows: list[dict], seconds: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _versus(ours: float, peer: float) -> str:
+    if abs(ours / peer - 1) < 5e-4:  # evaluation noise between identical computations is far smaller
+        return "ours the same"
+    return "ours better" if ours < peer else "ours NOT better"
+
+
 def _verdict(rows: list[dict], base: dict | None) -> list[str]:
     ours = next((r for r in rows if r["system"] == "ours"), None)
     if ours is None or base is None:
@@ -320,7 +350,13 @@ def _verdict(rows: list[dict], base: dict | None) -> list[str]:
     ]
     if best_peer is not None:
         out[0] += (f"; best peer {best_peer['system']} at {bpb(best_peer):.4f} "
-                   f"({'ours better' if bpb(ours) < bpb(best_peer) else 'ours NOT better'}).")
+                   f"({_versus(bpb(ours), bpb(best_peer))})")
+    retaining = [r for r in peers if bpb(r, "general") <= bpb(base, "general") * 1.005]
+    best_retaining = min(retaining, key=bpb, default=None)
+    if best_retaining is not None and best_retaining is not best_peer:
+        out[0] += (f"; best peer within the general-text budget {best_retaining['system']} at "
+                   f"{bpb(best_retaining):.4f} ({_versus(bpb(ours), bpb(best_retaining))})")
+    out[0] += "."
     return out
 
 
