@@ -13,6 +13,8 @@ words on the same centred windows, then scores the first `--eval-bytes` of the h
                     (Token Distillation's input-side signal)
   out_grad:S        next-token loss, with the OUTPUT path's gradient of a tied row scaled by S
                     (the input path keeps its full gradient; the forward is unchanged)
+  base              the base model with its own tokenizer (the reference; `--steps 0 --variants lm`
+                    scores the untrained subword-mean rows)
 
     .venv/bin/python benchmarks/corpus_objectives.py --domain es --steps 50 --variants lm,distill,hidden:0.1
 """
@@ -100,6 +102,11 @@ def run(domain: str, variant: str, steps: int, lr: float, eval_bytes: int) -> di
     torch.manual_seed(0)
     model, tokenizer = quality.load_base()
     train_docs, test_docs = quality.domain_split(domain)
+    if variant == "base":
+        metrics = evaluate_model(model, tokenizer, test_docs, load_general_text(), max_bytes=eval_bytes,
+                                 general_max_bytes=eval_bytes // 2)
+        return {"domain": domain, "variant": variant, "steps": 0, "lr": lr, "train_seconds": 0,
+                "domain_bpb": metrics["domain"]["bits_per_byte"], "general_bpb": metrics["general"]["bits_per_byte"]}
     extended = extend_tokenizer(tokenizer, quality.top_saving_words(tokenizer, train_docs, 1000))
     config = TrainConfig(steps=steps, lr=lr)
     shuffled = list(train_docs)
