@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from extension.spec import ExtendSpec
+
 JobStatus = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
 
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
@@ -35,8 +37,8 @@ class MiningOptions(BaseModel):
 
     model_config = _STRICT
 
-    max_new_tokens: int = Field(300, ge=1, le=20_000, description="Most new tokens to add")
-    min_frequency: int = Field(3, ge=1, le=1_000_000, description="A candidate must occur at least this often in the corpus")
+    max_new_tokens: int = Field(ExtendSpec.max_new_tokens, ge=1, le=20_000, description="Most new tokens to add")
+    min_frequency: int = Field(ExtendSpec.min_frequency, ge=1, le=1_000_000, description="A candidate must occur at least this often in the corpus")
 
 
 class TrainingOptions(BaseModel):
@@ -44,16 +46,16 @@ class TrainingOptions(BaseModel):
 
     model_config = _STRICT
 
-    steps: int = Field(100, ge=0, description="Optimiser steps (0: initialise the new rows only; at most TIDE_MAX_STEPS)")
-    batch_size: int = Field(4, ge=1, le=512)
-    seq_len: int = Field(128, ge=8, le=32_768, description="Tokens per training sequence")
-    lr: float = Field(1e-3, gt=0, le=1.0, description="Base learning rate")
-    embedding_lr_multiplier: float = Field(5.0, gt=0, lt=10.0, description="Learning-rate multiplier for the new rows")
-    weight_decay: float = Field(0.0, ge=0, le=1.0)
-    warmup_steps: int = Field(10, ge=0, le=1_000_000)
-    grad_clip: float = Field(1.0, gt=0, le=1000.0)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    checkpoint_every: int = Field(50, ge=1, le=1_000_000, description="Steps between checkpoints (a taken-over job resumes from the last)")
+    steps: int = Field(ExtendSpec.steps, ge=0, description="Optimiser steps (0: initialise the new rows only; at most TIDE_MAX_STEPS)")
+    batch_size: int = Field(ExtendSpec.batch_size, ge=1, le=512)
+    seq_len: int = Field(ExtendSpec.seq_len, ge=8, le=32_768, description="Tokens per training sequence")
+    lr: float = Field(ExtendSpec.lr, gt=0, le=1.0, description="Base learning rate")
+    embedding_lr_multiplier: float = Field(ExtendSpec.embedding_lr_multiplier, gt=0, lt=10.0, description="Learning-rate multiplier for the new rows")
+    weight_decay: float = Field(ExtendSpec.weight_decay, ge=0, le=1.0)
+    warmup_steps: int = Field(ExtendSpec.warmup_steps, ge=0, le=1_000_000)
+    grad_clip: float = Field(ExtendSpec.grad_clip, gt=0, le=1000.0)
+    seed: int = Field(ExtendSpec.seed, ge=0, le=2**31 - 1)
+    checkpoint_every: int = Field(ExtendSpec.checkpoint_every, ge=1, le=1_000_000, description="Steps between checkpoints (a taken-over job resumes from the last)")
 
 
 class EvaluationOptions(BaseModel):
@@ -61,7 +63,7 @@ class EvaluationOptions(BaseModel):
 
     model_config = _STRICT
 
-    max_bytes: int = Field(50_000, ge=1000, le=10_000_000, description="Bytes of held-out domain text, and of general text, scored before and after")
+    max_bytes: int = Field(ExtendSpec.eval_max_bytes, ge=1000, le=10_000_000, description="Bytes of held-out domain text, and of general text, scored before and after")
 
 
 class ExtendRequest(BaseModel):
@@ -86,7 +88,7 @@ class ExtendRequest(BaseModel):
     corpus_file_id: str | None = Field(None, max_length=64, description="An uploaded corpus (POST /files): mined for terms when none are given, and trained on")
     corpus_text: str | None = Field(None, description="A small corpus inline (documents separated by blank lines)")
     corpus_text_field: str = Field("text", min_length=1, max_length=100, description="Field holding the text in a JSONL corpus")
-    pad_to_multiple_of: int = Field(64, ge=1, le=4096, description="Vocabulary is padded up to a multiple of this")
+    pad_to_multiple_of: int = Field(ExtendSpec.pad_to_multiple_of, ge=1, le=4096, description="Vocabulary is padded up to a multiple of this")
     mining: MiningOptions = Field(default_factory=MiningOptions)
     training: TrainingOptions = Field(default_factory=TrainingOptions)
     evaluation: EvaluationOptions = Field(default_factory=EvaluationOptions)

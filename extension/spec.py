@@ -20,11 +20,11 @@ class ExtendSpec:
     # tokenizer / init
     max_term_chars: int = 64
     pad_to_multiple_of: int = 64
-    # training
+    # training (TrainConfig and the API schema read their defaults from here)
     steps: int = 100
     batch_size: int = 4
     seq_len: int = 128
-    lr: float = 1e-3
+    lr: float = 1e-4  # measured best of 1e-3 / 3e-4 / 1e-4 (benchmarks/results/window_sampling.md)
     embedding_lr_multiplier: float = 5.0
     weight_decay: float = 0.0
     warmup_steps: int = 10

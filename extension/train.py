@@ -25,24 +25,30 @@ import torch
 from .errors import InvalidCorpusError, InvalidOptionError, JobCancelled
 from .init import NewRows
 from .rows import RowsAdapter
-from .spec import Callbacks
+from .spec import Callbacks, ExtendSpec
 
 CHECKPOINT_NAME = "rows_checkpoint.pt"
 SAMPLING_MODES = ("centred", "sequential", "mixed")
+# Chosen by measurement on SmolLM2 + FOLDOC (benchmarks/results/window_sampling.md): centred
+# windows reached in 16 steps a held-out quality sequential windows had not reached in 48, for
+# +0.02% general-text bits per byte. Terms-only: distillation keeps general text closest to the
+# base model (benchmarks/results/terms_only_training.md).
+DEFAULT_SAMPLING = "centred"
+DEFAULT_TERMS_OBJECTIVE = "distill"
 
 
 @dataclass
 class TrainConfig:
-    steps: int = 100
-    batch_size: int = 4
-    seq_len: int = 128
-    lr: float = 1e-4  # measured best of 1e-3 / 3e-4 / 1e-4 (benchmarks/results/window_sampling.md)
-    embedding_lr_multiplier: float = 5.0
-    weight_decay: float = 0.0
-    warmup_steps: int = 10
-    grad_clip: float = 1.0
-    seed: int = 0
-    checkpoint_every: int = 50
+    steps: int = ExtendSpec.steps
+    batch_size: int = ExtendSpec.batch_size
+    seq_len: int = ExtendSpec.seq_len
+    lr: float = ExtendSpec.lr
+    embedding_lr_multiplier: float = ExtendSpec.embedding_lr_multiplier
+    weight_decay: float = ExtendSpec.weight_decay
+    warmup_steps: int = ExtendSpec.warmup_steps
+    grad_clip: float = ExtendSpec.grad_clip
+    seed: int = ExtendSpec.seed
+    checkpoint_every: int = ExtendSpec.checkpoint_every
     betas: tuple[float, float] = (0.9, 0.95)
     min_lr_ratio: float = 0.1
 
@@ -258,7 +264,7 @@ class TokenWindows:
     """
 
     def __init__(self, tokens: torch.Tensor, *, base_vocab_size: int, batch_size: int, seq_len: int,
-                 seed: int = 0, sampling: str = "centred", prefix: list[int] | None = None):
+                 seed: int = 0, sampling: str = DEFAULT_SAMPLING, prefix: list[int] | None = None):
         if sampling not in SAMPLING_MODES:
             raise InvalidOptionError(f"window sampling {sampling!r} is not one of {', '.join(SAMPLING_MODES)}", param="sampling")
         self.prefix = torch.tensor(prefix or [], dtype=torch.long)
@@ -324,7 +330,7 @@ class TokenWindows:
 
 
 def corpus_windows(corpus_path: Path, tokenizer, *, base_vocab_size: int, config: TrainConfig,
-                   sampling: str = "centred", text_field: str = "text", max_tokens: int | None = None) -> TokenWindows:
+                   sampling: str = DEFAULT_SAMPLING, text_field: str = "text", max_tokens: int | None = None) -> TokenWindows:
     """TokenWindows over the corpus's TRAIN documents (the split mining and evaluation share),
     tokenised with the extended tokenizer. Reads only as much as the run can use."""
     from .corpus import train_documents
@@ -333,14 +339,6 @@ def corpus_windows(corpus_path: Path, tokenizer, *, base_vocab_size: int, config
     tokens = tokenize_documents(train_documents(Path(corpus_path), text_field=text_field), tokenizer, max_tokens=budget)
     return TokenWindows(tokens, base_vocab_size=base_vocab_size, batch_size=config.batch_size,
                         seq_len=config.seq_len, seed=config.seed, sampling=sampling, prefix=window_prefix(tokenizer))
-
-
-# Chosen by measurement on SmolLM2 + FOLDOC (benchmarks/results/window_sampling.md): centred
-# windows reached in 16 steps a held-out quality sequential windows had not reached in 48, for
-# +0.02% general-text bits per byte. Terms-only: distillation keeps general text closest to the
-# base model (benchmarks/results/terms_only_training.md).
-DEFAULT_SAMPLING = "centred"
-DEFAULT_TERMS_OBJECTIVE = "distill"
 
 
 def build_training_data(spec, model, extended, callbacks: Callbacks | None = None, *,
