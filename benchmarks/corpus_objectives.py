@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -40,7 +39,7 @@ from extension.evaluate import evaluate_model, load_general_text  # noqa: E402
 from extension.init import subword_mean_rows  # noqa: E402
 from extension.rows import RowsAdapter, attach  # noqa: E402
 from extension.tokenizer import extend_tokenizer  # noqa: E402
-from extension.train import DEFAULT_SAMPLING, TokenWindows, TrainConfig, tokenize_documents, train_rows, window_prefix  # noqa: E402
+from extension.train import DEFAULT_SAMPLING, TokenWindows, TrainConfig, train_rows  # noqa: E402
 
 
 class WindowDistillation(TermContextObjective):
@@ -90,10 +89,10 @@ class HiddenStateDistance:
 def scale_tied_output_gradient(scale: float) -> None:
     """Make a tied adapter's output path pass `scale` x its gradient to the shared row."""
     def out_rows(self):
-        if not self.tied or not torch.is_grad_enabled():
-            return self.output_rows if not self.tied else self.input_rows
+        if not self.tied:
+            return self.output_rows
         rows = self.input_rows
-        return rows * scale + rows.detach() * (1 - scale)
+        return rows * scale + rows.detach() * (1 - scale) if torch.is_grad_enabled() else rows
 
     RowsAdapter.out_rows = property(out_rows)
 
@@ -109,11 +108,7 @@ def run(domain: str, variant: str, steps: int, lr: float, eval_bytes: int) -> di
                 "domain_bpb": metrics["domain"]["bits_per_byte"], "general_bpb": metrics["general"]["bits_per_byte"]}
     extended = extend_tokenizer(tokenizer, quality.top_saving_words(tokenizer, train_docs, 1000))
     config = TrainConfig(steps=steps, lr=lr)
-    shuffled = list(train_docs)
-    random.Random(0).shuffle(shuffled)
-    tokens = tokenize_documents(shuffled, extended.tokenizer, max_tokens=max(200_000, 4 * steps * 512))
-    windows = TokenWindows(tokens, base_vocab_size=extended.base_vocab_size, batch_size=config.batch_size,
-                           seq_len=config.seq_len, sampling=DEFAULT_SAMPLING, prefix=window_prefix(extended.tokenizer))
+    windows = quality.windows(extended.tokenizer, train_docs, extended.base_vocab_size, config, DEFAULT_SAMPLING)
     name, _, value = variant.partition(":")
     objective = {"lm": lambda: windows, "distill": lambda: WindowDistillation(windows, extended),
                  "hidden": lambda: HiddenStateDistance(windows, extended, float(value or 1)),

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -33,10 +32,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 
 import quality  # noqa: E402
+from extension.evaluate import context_token_id  # noqa: E402
 from extension.init import subword_mean_rows  # noqa: E402
 from extension.rows import attach  # noqa: E402
 from extension.tokenizer import extend_tokenizer  # noqa: E402
-from extension.train import DEFAULT_SAMPLING, TokenWindows, TrainConfig, tokenize_documents, train_rows, window_prefix  # noqa: E402
+from extension.train import DEFAULT_SAMPLING, TrainConfig, train_rows  # noqa: E402
 
 CATEGORIES = ("new target", "old, right after new", "old, new 2-8 back", "old, no new in 8")
 MAX_TOKENS = 1024
@@ -64,7 +64,7 @@ def category(is_new_target: bool, since_new: int) -> str:
 
 def decompose(model, extended, documents: list[str], base_scores: list) -> dict:
     tokenizer, first_new = extended.tokenizer, extended.base_vocab_size
-    context_id = tokenizer.eos_token_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id
+    context_id = context_token_id(tokenizer)
     table = {name: {"positions": 0, "base_nats": 0.0, "nats": 0.0, "new_mass": 0.0} for name in CATEGORIES}
     for text, (_, base_ends, base_nll, _) in zip(documents, base_scores):
         ids, ends, nll, log_probs = token_losses(model, tokenizer, text, context_id)
@@ -107,10 +107,7 @@ def main() -> None:
         documents.append(doc)
         size += len(doc.encode("utf-8"))
     extended = extend_tokenizer(tokenizer, quality.top_saving_words(tokenizer, train_docs, args.terms))
-    context_id = tokenizer.eos_token_id if tokenizer.bos_token_id is None else tokenizer.bos_token_id
-    base_scores = [token_losses(model, tokenizer, doc, context_id) for doc in documents]
-    shuffled = list(train_docs)
-    random.Random(0).shuffle(shuffled)
+    base_scores = [token_losses(model, tokenizer, doc, context_token_id(tokenizer)) for doc in documents]
 
     runs = []
     for lr in [float(x) for x in args.lr.split(",")]:
@@ -123,10 +120,7 @@ def main() -> None:
                              subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size))
             started = time.perf_counter()
             if steps:
-                tokens = tokenize_documents(shuffled, extended.tokenizer, max_tokens=max(200_000, 4 * steps * 512))
-                windows = TokenWindows(tokens, base_vocab_size=extended.base_vocab_size, batch_size=config.batch_size,
-                                       seq_len=config.seq_len, sampling=DEFAULT_SAMPLING,
-                                       prefix=window_prefix(extended.tokenizer))
+                windows = quality.windows(extended.tokenizer, train_docs, extended.base_vocab_size, config, DEFAULT_SAMPLING)
                 train_rows(model, adapter, windows, config)
             seconds = time.perf_counter() - started
             table = decompose(model, extended, documents, base_scores)

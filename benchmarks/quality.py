@@ -114,7 +114,8 @@ def load_base():
     return model, tokenizer
 
 
-def _windows(tokenizer, train_docs: list[str], base_vocab_size: int, config, sampling: str):
+def windows(tokenizer, train_docs: list[str], base_vocab_size: int, config, sampling: str):
+    """TokenWindows over the train split, shuffled with a fixed seed (shared by every benchmark)."""
     from extension.train import TokenWindows, tokenize_documents, window_prefix
 
     shuffled = list(train_docs)
@@ -163,18 +164,18 @@ def run_system(domain: str, system: str, spec: dict) -> dict:
 
             rows = subword_mean_rows(model, extended.new_tokens, base_vocab)
             adapter = attach(model, base_vocab, rows)
-            windows = _windows(tokenizer, train_docs, base_vocab, config, DEFAULT_SAMPLING)
-            result = train_rows(model, adapter, windows, config)
+            token_windows = windows(tokenizer, train_docs, base_vocab, config, DEFAULT_SAMPLING)
+            result = train_rows(model, adapter, token_windows, config)
             history = [{"step": r["step"], "loss": r["loss"]} for r in result.history]
             adapter.merge()
         else:
             peers.subword_mean(model, extended)
             if system.startswith("trainable_tokens"):
                 sampling = DEFAULT_SAMPLING if system == "trainable_tokens_centred" else "sequential"
-                batches = _windows(tokenizer, train_docs, base_vocab, config, sampling).batch
+                batches = windows(tokenizer, train_docs, base_vocab, config, sampling).batch
                 model, history, row["warnings"] = peers.trainable_tokens(model, new_ids, batches, config)
             elif system == "full_embedding":
-                batches = _windows(tokenizer, train_docs, base_vocab, config, "sequential").batch
+                batches = windows(tokenizer, train_docs, base_vocab, config, "sequential").batch
                 history = peers.full_embedding(model, batches, config)
     row["seconds"] = round(time.perf_counter() - started, 1)
     row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

@@ -181,7 +181,7 @@ class _Scorer:
         try:
             hidden = self.model.get_decoder()(input_ids=sample, use_cache=False).last_hidden_state
             mine = self._head_logits(hidden)
-        except (AttributeError, TypeError, NotImplementedError):
+        except (AttributeError, TypeError):  # no decoder, or one without last_hidden_state
             self.use_head_path = False
             return
         reference = self.model(input_ids=sample, use_cache=False).logits.float()
