@@ -27,7 +27,16 @@ class InvalidCorpusError(TideError):
 
 
 class InvalidOptionError(TideError):
+    """A job option out of its range. Raised with `option` (its name in extension.options) and
+    `problem` ("must be ..., got ..."), so the CLI can name the flag and the API the JSON path;
+    a plain `message` is for option-like inputs outside the option table (terms, corpus)."""
+
     code = "invalid_option"
+
+    def __init__(self, message: str | None = None, *, option: str | None = None, problem: str | None = None,
+                 param: str | None = None, code: str | None = None):
+        self.option, self.problem = option, problem
+        super().__init__(message or f"{option} {problem}", param=param or option, code=code)
 
 
 class OutputExistsError(TideError):

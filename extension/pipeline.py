@@ -15,6 +15,7 @@ import torch
 from . import corpus as corpus_io
 from .card import model_card
 from .errors import InvalidCorpusError, InvalidOptionError, InvalidTermsError, JobCancelled
+from .options import check_options
 from .models import ModelSources, load_model, load_tokenizer, resolve_model
 from .publish import check_output_dir, publish
 from .spec import Callbacks, ExtendSpec
@@ -48,21 +49,9 @@ class PipelineResult:
 
 def validate_spec(spec: ExtendSpec) -> None:
     """Cheap checks that need no model; the context-length limit is checked after loading."""
-    from .train import TrainConfig
-
     if not spec.terms and spec.corpus_path is None:
-        raise InvalidOptionError("give terms, a corpus, or both (--terms / --corpus)", param="terms")
-    for name, value, low, high in (
-        ("max_new_tokens", spec.max_new_tokens, 1, 100_000),
-        ("min_frequency", spec.min_frequency, 1, 1_000_000),
-        ("max_term_chars", spec.max_term_chars, 1, 1024),
-        ("pad_to_multiple_of", spec.pad_to_multiple_of, 1, 4096),
-        ("eval_max_bytes", spec.eval_max_bytes, 1000, 100_000_000),
-    ):
-        if not isinstance(value, int) or not low <= value <= high:
-            flag = "--" + name.replace("_", "-")
-            raise InvalidOptionError(f"{flag} must be an integer from {low} to {high}, got {value!r}", param=name)
-    TrainConfig.from_spec(spec).validate()
+        raise InvalidOptionError("give terms, a corpus, or both", param="terms")
+    check_options(spec)
 
 
 class _Stages:

@@ -24,8 +24,9 @@ import torch
 
 from .errors import InvalidCorpusError, InvalidOptionError, JobCancelled
 from .init import NewRows
+from .options import DEFAULTS, check_options
 from .rows import RowsAdapter
-from .spec import Callbacks, ExtendSpec
+from .spec import Callbacks
 
 CHECKPOINT_NAME = "rows_checkpoint.pt"
 SAMPLING_MODES = ("centred", "sequential", "mixed")
@@ -39,16 +40,18 @@ DEFAULT_TERMS_OBJECTIVE = "distill"
 
 @dataclass
 class TrainConfig:
-    steps: int = ExtendSpec.steps
-    batch_size: int = ExtendSpec.batch_size
-    seq_len: int = ExtendSpec.seq_len
-    lr: float = ExtendSpec.lr
-    embedding_lr_multiplier: float = ExtendSpec.embedding_lr_multiplier
-    weight_decay: float = ExtendSpec.weight_decay
-    warmup_steps: int = ExtendSpec.warmup_steps
-    grad_clip: float = ExtendSpec.grad_clip
-    seed: int = ExtendSpec.seed
-    checkpoint_every: int = ExtendSpec.checkpoint_every
+    """The training options a run uses (defaults and ranges: extension/options.py)."""
+
+    steps: int = DEFAULTS["steps"]
+    batch_size: int = DEFAULTS["batch_size"]
+    seq_len: int = DEFAULTS["seq_len"]
+    lr: float = DEFAULTS["lr"]
+    embedding_lr_multiplier: float = DEFAULTS["embedding_lr_multiplier"]
+    weight_decay: float = DEFAULTS["weight_decay"]
+    warmup_steps: int = DEFAULTS["warmup_steps"]
+    grad_clip: float = DEFAULTS["grad_clip"]
+    seed: int = DEFAULTS["seed"]
+    checkpoint_every: int = DEFAULTS["checkpoint_every"]
     betas: tuple[float, float] = (0.9, 0.95)
     min_lr_ratio: float = 0.1
 
@@ -58,30 +61,14 @@ class TrainConfig:
         return cls(**{name: getattr(spec, name) for name in names if hasattr(spec, name)})
 
     def validate(self, *, max_positions: int | None = None) -> "TrainConfig":
-        """Raise InvalidOptionError naming the flag and its valid range."""
-        def bad(param: str, flag: str, value, valid: str):
-            raise InvalidOptionError(f"{flag} is {value!r}; it must be {valid}", param=param)
-
-        if not isinstance(self.steps, int) or self.steps < 0:
-            bad("steps", "--steps", self.steps, "an integer >= 0 (0 = initialise the rows only)")
-        if not isinstance(self.batch_size, int) or not 1 <= self.batch_size <= 4096:
-            bad("batch_size", "--batch-size", self.batch_size, "an integer from 1 to 4096")
-        top = max_positions or 1 << 20  # the model reads seq_len positions; targets are shifted
-        if not isinstance(self.seq_len, int) or not 2 <= self.seq_len <= top:
-            bad("seq_len", "--seq-len", self.seq_len, f"an integer from 2 to {top} (the model's context is {max_positions} positions)"
-                if max_positions else "an integer >= 2")
-        if not (self.lr > 0 and math.isfinite(self.lr)) or self.lr > 1:
-            bad("lr", "--lr", self.lr, "a number in (0, 1], e.g. 1e-3")
-        if not (self.embedding_lr_multiplier > 0 and math.isfinite(self.embedding_lr_multiplier)):
-            bad("embedding_lr_multiplier", "--embedding-lr-multiplier", self.embedding_lr_multiplier, "a positive number (default 5)")
-        if not 0 <= self.weight_decay <= 1:
-            bad("weight_decay", "--weight-decay", self.weight_decay, "a number from 0 to 1 (default 0)")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            bad("warmup_steps", "--warmup-steps", self.warmup_steps, "an integer >= 0")
-        if not self.grad_clip >= 0:
-            bad("grad_clip", "--grad-clip", self.grad_clip, "a number >= 0 (0 disables clipping)")
-        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
-            bad("checkpoint_every", "--checkpoint-every", self.checkpoint_every, "an integer >= 0 (0 = only at the end)")
+        """Raise InvalidOptionError naming the option and its valid range; with `max_positions`,
+        also check that a training sequence fits the model's context."""
+        check_options(self)
+        if max_positions is not None and self.seq_len > max_positions:
+            raise InvalidOptionError(
+                option="seq_len",
+                problem=f"must be at most the model's context of {max_positions} positions, got {self.seq_len}",
+            )
         return self
 
     def lr_at(self, step: int) -> float:
@@ -273,8 +260,8 @@ class TokenWindows:
         if tokens.numel() < needed:
             raise InvalidCorpusError(
                 f"the training part of the corpus has {tokens.numel()} tokens, too few for one batch of "
-                f"--batch-size {batch_size} x --seq-len {seq_len} (needs {needed}); give a larger corpus "
-                "or lower --batch-size / --seq-len",
+                f"batch_size {batch_size} x seq_len {seq_len} (needs {needed}); give a larger corpus "
+                "or lower batch_size / seq_len",
                 param="corpus",
             )
         self.tokens = tokens

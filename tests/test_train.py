@@ -135,19 +135,23 @@ def test_embedding_rows_get_the_lr_multiplier():
     [("steps", -1, "--steps"), ("seq_len", 257, "--seq-len"), ("batch_size", 0, "--batch-size"),
      ("lr", 0.0, "--lr"), ("weight_decay", -0.1, "--weight-decay")],
 )
-def test_bad_values_name_the_flag_and_range(field, value, flag):
+def test_bad_values_name_the_option_and_range(field, value, flag):
+    from extension.options import option_error_for
+
     model = tiny_llama()
     with pytest.raises(InvalidOptionError) as caught:
         TrainConfig(**{field: value}).validate(max_positions=max_positions(model))
-    assert caught.value.param == field and flag in caught.value.message
+    assert caught.value.param == field and caught.value.message.startswith(f"{field} must be")
+    cli_message, _ = option_error_for(caught.value, style="cli")
+    assert cli_message.startswith(f"{flag} must be") and repr(value) in cli_message
     if field == "seq_len":
-        assert "2 to 256" in caught.value.message and "context is 256" in caught.value.message
+        assert "context of 256 positions" in caught.value.message
 
 
 def test_corpus_too_small_for_one_batch():
     with pytest.raises(InvalidCorpusError) as caught:
         TokenWindows(_stream(40), base_vocab_size=BASE_VOCAB, batch_size=4, seq_len=16)
-    assert caught.value.param == "corpus" and "--batch-size" in caught.value.message
+    assert caught.value.param == "corpus" and "batch_size 4 x seq_len 16" in caught.value.message
 
 
 def test_windows_are_a_function_of_the_step():
