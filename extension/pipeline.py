@@ -120,8 +120,10 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
 
     stages.enter("train")
     history: list[dict] = []
+    steps_done = 0
     if spec.steps > 0:
-        rows, history = _train(spec, model, extended, rows, callbacks)
+        trained = _train(spec, model, extended, rows, callbacks)
+        rows, history, steps_done = trained.rows, trained.history, trained.steps_done
 
     stages.enter("evaluate")
     general = load_general_text()
@@ -144,7 +146,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         "after": after,
         "comparison": compare(before, after),
         "padding": {k: v for k, v in init_report.items() if k != "padding_ids"},
-        "training": {"steps": spec.steps, "history": history},
+        "training": {"steps": steps_done, "history": history},
     }
     callbacks.on_event("metrics", {"comparison": metrics["comparison"]})
 
@@ -153,7 +155,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         "base_model": {"name": spec.base_model, "source": resolved.kind},
         "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force"}},
         "init": "subword_mean",
-        "trained_steps": spec.steps,
+        "trained_steps": steps_done,
         "vocab": {k: init_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
         "padding_ids": init_report["padding_ids"],
         **tokenizer_report,
@@ -200,15 +202,15 @@ def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
 
 def _train(spec: ExtendSpec, model, extended, rows, callbacks: Callbacks):
     from .rows import attach
-    from .train import TrainConfig, build_training_data, train_rows, training_model
+    from .train import TrainConfig, build_training_data, run_identity, train_rows, training_model
 
+    identity = run_identity(model, extended)
     objective = build_training_data(spec, model, extended, callbacks)  # before attaching: it may generate
     # On a GPU this is a bf16 copy; the trained fp32 rows go back into the original model.
     trained = training_model(model)
     adapter = attach(trained, extended.base_vocab_size, rows, pad_to_multiple_of=spec.pad_to_multiple_of)
     try:
-        result = train_rows(trained, adapter, objective, TrainConfig.from_spec(spec), callbacks)
-        return result.rows, result.history
+        return train_rows(trained, adapter, objective, TrainConfig.from_spec(spec), callbacks, identity=identity)
     finally:
         adapter.detach()
 

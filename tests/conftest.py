@@ -92,3 +92,19 @@ def tiny_gemma3(vocab_size: int = 256, seed: int = 0):
         sliding_window=16,
     )
     return Gemma3ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The service tests' tiny random Llama with a real byte-level BPE tokenizer (built once per
+    checkout, a few seconds): for CLI runs of the whole pipeline that must be fast."""
+    from filelock import FileLock
+
+    from tests.service.conftest import build_tiny_model
+
+    cached = CACHE / "service-tiny-llama"
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cached) + ".lock"):
+        if not (cached / "config.json").exists():
+            build_tiny_model(cached)
+    return cached
