@@ -45,3 +45,12 @@ class OutputExistsError(TideError):
 
 class JobCancelled(Exception):
     """Raised inside the pipeline when the cancel check says stop; not an error."""
+
+
+class UnsupportedCheckpointError(TideError):
+    """The base model is a training checkpoint whose optimizer state cannot be carried over."""
+
+    code = "unsupported_checkpoint"
+
+    def __init__(self, message: str, *, param: str | None = "base_model", code: str | None = None):
+        super().__init__(message, param=param, code=code)

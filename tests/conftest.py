@@ -108,3 +108,25 @@ def tiny_model_dir() -> Path:
         if not (cached / "config.json").exists():
             build_tiny_model(cached)
     return cached
+
+
+@pytest.fixture(scope="session")
+def smollm2_untied_path(smollm2_path) -> Path:
+    """SmolLM2 made untied: lm_head cloned from the embedding, tie_word_embeddings false (same
+    weights at first, but every untied code path runs on real shapes). Built once per checkout."""
+    from filelock import FileLock
+
+    target = CACHE / "smollm2-135m-untied"
+    with FileLock(str(target) + ".lock"):
+        if not (target / "config.json").exists():
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            model = AutoModelForCausalLM.from_pretrained(smollm2_path)
+            model.config.tie_word_embeddings = False
+            model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+            staging = target.with_name(target.name + ".partial")
+            model.save_pretrained(staging)
+            AutoTokenizer.from_pretrained(smollm2_path).save_pretrained(staging)
+            staging.rename(target)
+    return target
