@@ -70,7 +70,8 @@ def _old_head_weight(head: nn.Module, base_vocab_size: int) -> tuple[torch.Tenso
 
 
 class _ExtendedHead(nn.Module):
-    """Output side for `model(input_ids)`: [old logits | new logits | -inf padding], in fp32."""
+    """Output side for `model(input_ids)`: [old logits | new logits | -inf padding], in fp32,
+    final softcap (if any) applied before the padding."""
 
     def __init__(self, adapter: "RowsAdapter", base: nn.Module):
         super().__init__()
