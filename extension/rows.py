@@ -70,7 +70,8 @@ def _old_head_weight(head: nn.Module, base_vocab_size: int) -> tuple[torch.Tenso
 
 
 class _ExtendedHead(nn.Module):
-    """Output side for `model(input_ids)`: [old logits | new logits | -inf padding], in fp32."""
+    """Output side for `model(input_ids)`: [old logits | new logits | -inf padding], in fp32,
+    final softcap (if any) applied before the padding."""
 
     def __init__(self, adapter: "RowsAdapter", base: nn.Module):
         super().__init__()
@@ -82,7 +83,7 @@ class _ExtendedHead(nn.Module):
         return self.base.weight
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._adapter.logits(hidden, softcap=False)
+        return self._adapter.logits(hidden)
 
 
 class _FusedRowsCrossEntropy(torch.autograd.Function):
@@ -236,6 +237,11 @@ class RowsAdapter(nn.Module):
         self._original = (embedding, head)
         model.set_input_embeddings(_ExtendedEmbedding(embedding, self.input_rows, self.base_vocab_size))
         model.set_output_embeddings(_ExtendedHead(self, head))
+        if self.softcap:
+            # The model caps whatever its head returns, and tanh is bounded: the -inf padding
+            # columns would come out as -cap, a real share of the softmax. While attached the
+            # head caps before it pads, and the model's own cap is off.
+            model.config.final_logit_softcapping = None
 
     def detach(self) -> None:
         """Put the model's own modules back; the rows stay in this adapter."""
@@ -244,6 +250,8 @@ class RowsAdapter(nn.Module):
         embedding, head = self._original
         self.model.set_input_embeddings(embedding)
         self.model.set_output_embeddings(head)
+        if self.softcap:
+            self.model.config.final_logit_softcapping = self.softcap
         self._original = None
         for name, p in self.model.named_parameters():
             p.requires_grad_(self._requires_grad.get(name, p.requires_grad))
@@ -258,15 +266,16 @@ class RowsAdapter(nn.Module):
         out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         return out.last_hidden_state
 
-    def logits(self, hidden: torch.Tensor, *, softcap: bool = True) -> torch.Tensor:
-        """Full logits over the padded vocab, fp32, padding columns -inf. For eval and tests."""
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Full logits over the padded vocab, fp32, capped like the model's, padding columns -inf.
+        For eval and tests."""
         old_weight, old_bias = _old_head_weight(self._base_head, self.base_vocab_size)
         parts = [
             F.linear(hidden, old_weight, old_bias).float(),
             F.linear(hidden.float(), self.out_rows, self.output_bias),
         ]
         logits = torch.cat(parts, dim=-1)
-        if softcap and self.softcap:
+        if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         padding = self.vocab_size - logits.shape[-1]
         if padding:
