@@ -23,6 +23,7 @@ from . import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
 
 router = APIRouter(tags=["jobs"], responses={**AUTH_ERRORS, **INVALID})
 log = logging.getLogger("tide.api")
+_MAX_CURSOR = 2**63 - 1  # job sequence numbers are 64-bit integers in every database
 
 
 def owned_job(db, key, job_id: str) -> Job:
@@ -82,8 +83,14 @@ def list_jobs(
 ) -> JobList:
     query = select(Job).where(Job.owner_id == key.id)
     if cursor is not None:
-        if not cursor.isdigit():
-            raise ApiError(422, "invalid_request", "cursor must be the next_cursor value of a previous page", "cursor")
+        # isdigit() alone lets through digits the database cannot hold (20 nines overflow a
+        # 64-bit integer) and non-ASCII digits int() refuses.
+        if not (cursor.isascii() and cursor.isdigit()) or int(cursor) > _MAX_CURSOR:
+            raise ApiError(
+                422, "invalid_request",
+                f"cursor {cursor[:20]!r} is not a page cursor; pass the next_cursor value of the previous page, or leave cursor out for the first page",
+                "cursor",
+            )
         query = query.where(Job.seq < int(cursor))
     if status is not None:
         query = query.where(Job.status == status)
