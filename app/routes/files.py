@@ -62,10 +62,10 @@ async def upload(request: Request, sessions: SessionsDep, key: KeyDep, settings:
     try:
         documents, _size = await run_in_threadpool(check_corpus, partial, fmt=CorpusFormat(jsonl=jsonl, text_field=text_field))
     except InvalidCorpusError as exc:
-        partial.unlink(missing_ok=True)
+        await run_in_threadpool(partial.unlink, missing_ok=True)
         raise ApiError(422, exc.code, exc.message.replace(f"corpus {partial.name}", f"upload {received.filename!r}"), "file") from None
     final = upload_path(settings, file_id, ".jsonl" if jsonl else ".txt")
-    os.replace(partial, final)
+    await run_in_threadpool(os.replace, partial, final)
     stored = StoredFile(
         id=file_id, owner_id=key.id, filename=received.filename[:255], path=str(final), bytes=received.bytes,
         sha256=received.sha256, documents=documents, source="upload",
