@@ -12,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from . import errors
 from .db.engine import init_db, make_engine, make_sessionmaker
+from .guard import RequestGuard
 from .queue import JobQueue
 from .routes import artifacts, files, health, jobs, models
 from .settings import Settings, get_settings
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessions = make_sessionmaker(engine)
     app.state.queue = JobQueue(settings)
     errors.install(app)
+    app.add_middleware(RequestGuard, settings=settings, sessions=app.state.sessions)
     for module in (health, jobs, files, artifacts, models):
         app.include_router(module.router)
     return app
