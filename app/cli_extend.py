@@ -61,6 +61,7 @@ def _run(args: argparse.Namespace) -> int:
         terms=read_terms_file(args.terms) if args.terms else None,
         corpus_path=args.corpus,
         corpus_text_field=args.text_field,
+        corpus_name=str(args.corpus) if args.corpus else None,
         max_new_tokens=args.max_new_tokens,
         max_term_chars=args.max_term_chars,
         pad_to_multiple_of=args.pad_to_multiple_of,

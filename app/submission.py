@@ -78,10 +78,10 @@ def _store_inline_corpus(db: Session, key: ApiKey, text: str, settings: Settings
     data = text.encode("utf-8")
     path.write_bytes(data)
     try:
-        documents, _size = check_corpus(path)
+        documents, _size = check_corpus(path, label="corpus_text")
     except InvalidCorpusError as exc:
         path.unlink(missing_ok=True)
-        raise ApiError(422, exc.code, exc.message.replace(f"corpus {path.name}", "corpus_text"), "corpus_text") from None
+        raise ApiError(422, exc.code, exc.message, "corpus_text") from None
     stored = StoredFile(
         id=file_id, owner_id=key.id, filename="corpus_text.txt", path=str(path), bytes=len(data),
         sha256=hashlib.sha256(data).hexdigest(), documents=documents, source="inline",

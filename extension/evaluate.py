@@ -50,7 +50,8 @@ _FORTUNE_SEPARATOR = re.compile(r"^%\s*$", re.MULTILINE)
 
 @dataclass(frozen=True)
 class GeneralText:
-    """Documents of general text plus where they came from (recorded in the metrics)."""
+    """Documents of general text plus where they came from (recorded in the metrics, so a name,
+    never a path: metrics reach the service's clients)."""
 
     documents: list[str]
     source: str
@@ -78,12 +79,12 @@ def load_general_text(path: Path | str | None = None) -> GeneralText:
         path = Path(path)
         head = path.read_text(encoding="utf-8", errors="replace")[:65536] if path.is_file() else ""
         if _FORTUNE_SEPARATOR.search(head):
-            return GeneralText(read_fortune_file(path), str(path))
+            return GeneralText(read_fortune_file(path), path.name)
         from .corpus import iter_documents
 
-        return GeneralText(list(iter_documents(path)), str(path))
+        return GeneralText(list(iter_documents(path)), path.name)
     if FORTUNES_PATH.is_file():
-        return GeneralText(read_fortune_file(FORTUNES_PATH), str(FORTUNES_PATH))
+        return GeneralText(read_fortune_file(FORTUNES_PATH), "debian:fortunes")
     return GeneralText(_pydoc_documents(), "python:" + PYDOC_TOPICS)
 
 

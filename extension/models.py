@@ -191,7 +191,7 @@ def load_tokenizer(resolved: ResolvedModel, sources: ModelSources):
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved.path, **_hub_kwargs(resolved, sources))
     except OSError as exc:
-        raise ModelNotFoundError(f"could not load the tokenizer of {resolved.name!r}: {exc}", param="base_model") from exc
+        raise ModelNotFoundError(f"could not load the tokenizer of {resolved.name!r}: {_named(exc, resolved)}", param="base_model") from exc
     if not getattr(tokenizer, "is_fast", False):
         raise ModelNotFoundError(
             f"{resolved.name!r} has no fast (tokenizer.json) tokenizer; TIDE extends tokenizer.json "
@@ -207,4 +207,10 @@ def load_model(resolved: ResolvedModel, sources: ModelSources, *, dtype=None):
     try:
         return AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype or "auto", **_hub_kwargs(resolved, sources))
     except OSError as exc:
-        raise ModelNotFoundError(f"could not load the model {resolved.name!r}: {exc}", param="base_model") from exc
+        raise ModelNotFoundError(f"could not load the model {resolved.name!r}: {_named(exc, resolved)}", param="base_model") from exc
+
+
+def _named(exc: OSError, resolved: ResolvedModel) -> str:
+    """The loader's message with the model's folder written as the name it was asked for: the
+    message reaches the service's clients, the folder is the server's."""
+    return str(exc).replace(resolved.path, resolved.name)

@@ -96,7 +96,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     validate_spec(spec)
     check_output_dir(spec.out_dir, force=spec.force)
     if spec.corpus_path is not None:
-        corpus_io.check_corpus(spec.corpus_path, text_field=spec.corpus_text_field)
+        corpus_io.check_corpus(spec.corpus_path, text_field=spec.corpus_text_field, label=_corpus_label(spec))
     stages = _Stages(callbacks)
     torch.manual_seed(spec.seed)
 
@@ -162,7 +162,8 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     stages.enter("publish")
     extension = {
         "base_model": {"name": spec.base_model, "source": resolved.kind},
-        "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force"}},
+        # corpus_path is where the file lay on the machine that ran the job: corpus_name says which corpus it was
+        "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force", "corpus_path"}},
         "init": "subword_mean",
         "trained_steps": spec.steps,
         "vocab": {k: init_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
@@ -201,7 +202,7 @@ def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
     mined = mine_terms(
         tokenizer, spec.corpus_path, max_new_tokens=spec.max_new_tokens,
         min_frequency=spec.min_frequency, text_field=spec.corpus_text_field,
-        should_cancel=callbacks.should_cancel,
+        should_cancel=callbacks.should_cancel, corpus_name=spec.corpus_name or "corpus",
     )
     callbacks.on_event("mined_terms", mined.report)
     if mined.report.get("status") == "guarantee_failed" or not mined.found_terms:
@@ -227,7 +228,11 @@ def _train(spec: ExtendSpec, model, extended, rows, callbacks: Callbacks):
 def _held_out_docs(spec: ExtendSpec) -> list[str]:
     if spec.corpus_path is None:
         return []
-    return list(corpus_io.held_out_documents(spec.corpus_path, text_field=spec.corpus_text_field))
+    return list(corpus_io.held_out_documents(spec.corpus_path, text_field=spec.corpus_text_field, label=_corpus_label(spec)))
+
+
+def _corpus_label(spec: ExtendSpec) -> str:
+    return f"corpus {spec.corpus_name!r}" if spec.corpus_name else "the corpus"
 
 
 def _calibration_ids(tokenizer, general) -> torch.Tensor | None:

@@ -14,6 +14,9 @@ class ExtendSpec:
     terms: list[str] | None = None
     corpus_path: Path | None = None
     corpus_text_field: str = "text"  # JSONL corpora
+    # How messages and reports name the corpus: the name its owner gave it (the CLI: the path
+    # as typed). None: "the corpus" — never the file's own name, which may be a server's.
+    corpus_name: str | None = None
     # mining
     max_new_tokens: int = 300
     min_frequency: int = 3

@@ -206,13 +206,14 @@ def _resume(path: Path | None, adapter, optimizer, config: TrainConfig, callback
         return 0, []
     state = torch.load(path, map_location="cpu", weights_only=False)
     if state.get("key") != _run_key(adapter, config):
-        callbacks.on_warning(f"ignoring the checkpoint in {path.parent}: it belongs to a run with other settings")
+        callbacks.on_warning(f"ignoring the saved checkpoint {path.name}: it belongs to a run with other settings")
         return 0, []
     with torch.no_grad():
         for param, saved in zip(adapter.parameters(), state["params"]):
             param.copy_(saved)
     optimizer.load_state_dict(state["optimizer"])
-    callbacks.on_event("train_resumed", {"step": state["step"], "checkpoint": str(path)})
+    # The checkpoint's name, never its path: events reach the service's clients.
+    callbacks.on_event("train_resumed", {"step": state["step"], "checkpoint": path.name})
     return state["step"], list(state["history"])
 
 

@@ -60,10 +60,12 @@ async def upload(request: Request, sessions: SessionsDep, key: KeyDep, settings:
     jsonl = received.filename.lower().endswith((".jsonl", ".ndjson"))
     text_field = received.fields.get("text_field") or "text"
     try:
-        documents, _size = await run_in_threadpool(check_corpus, partial, fmt=CorpusFormat(jsonl=jsonl, text_field=text_field))
+        documents, _size = await run_in_threadpool(
+            check_corpus, partial, fmt=CorpusFormat(jsonl=jsonl, text_field=text_field), label=f"upload {received.filename!r}"
+        )
     except InvalidCorpusError as exc:
         await run_in_threadpool(partial.unlink, missing_ok=True)
-        raise ApiError(422, exc.code, exc.message.replace(f"corpus {partial.name}", f"upload {received.filename!r}"), "file") from None
+        raise ApiError(422, exc.code, exc.message, "file") from None
     final = upload_path(settings, file_id, ".jsonl" if jsonl else ".txt")
     await run_in_threadpool(os.replace, partial, final)
     stored = StoredFile(

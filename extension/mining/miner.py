@@ -39,15 +39,17 @@ def mine_terms(
     text_field: str = "text",
     filters: MiningFilters | None = None,
     should_cancel: Callable[[], bool] | None = None,
+    corpus_name: str | None = None,
 ) -> MiningResult:
-    """Mine a corpus file (UTF-8 text, documents separated by blank lines, or JSONL)."""
+    """Mine a corpus file (UTF-8 text, documents separated by blank lines, or JSONL).
+    `corpus_name` is how the report names it (default: the file's name)."""
     path = Path(corpus_path)
 
     def documents() -> Iterator[str]:
         return iter_documents(path, text_field=text_field)
 
     return _mine(
-        tokenizer, documents, source={"file": path.name, "text_field": text_field},
+        tokenizer, documents, source={"file": path.name if corpus_name is None else corpus_name, "text_field": text_field},
         max_new_tokens=max_new_tokens, min_frequency=min_frequency,
         filters=filters or MiningFilters(), should_cancel=should_cancel, param="corpus",
     )
