@@ -33,6 +33,10 @@ def get_queue(request: Request):
     return request.app.state.queue
 
 
+def get_base_tokenizers(request: Request):
+    return request.app.state.base_tokenizers
+
+
 def key_for_token(sessions: sessionmaker[Session], token: str | None) -> ApiKey:
     """The API key a bearer token belongs to; ApiError 401 when there is none or it is revoked."""
     challenge = {"WWW-Authenticate": "Bearer"}

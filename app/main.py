@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from . import errors
+from .base_tokenizers import BaseTokenizers
 from .db.engine import init_db, make_engine, make_sessionmaker
 from .guard import RequestGuard
 from .queue import JobQueue
@@ -66,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.sessions = make_sessionmaker(engine)
     app.state.queue = JobQueue(settings)
+    app.state.base_tokenizers = BaseTokenizers(settings)
     errors.install(app)
     app.add_middleware(RequestGuard, settings=settings, sessions=app.state.sessions)
     for module in (health, jobs, files, artifacts, models):

@@ -122,6 +122,37 @@ def _convert_builtin(model: BuiltinModel, cache_dir: Path) -> Path:
     return target
 
 
+def builtin_tokenizer_dir(name: str, cache_dir: Path, *, build: bool = True) -> Path | None:
+    """A folder holding the tokenizer (tokenizer.json) of built-in model `name`.
+
+    The converted model folder when a job has written it; else the tokenizer alone, read from
+    the model's GGUF once into cache_dir/tokenizers/<name> — seconds and a few MB, the weights
+    are never dequantised. With build=False, None when neither exists yet."""
+    converted = cache_dir / "builtin" / name
+    if (converted / "config.json").exists() and (converted / "tokenizer.json").exists():
+        return converted
+    target = cache_dir / "tokenizers" / name
+    if (target / "tokenizer.json").exists():
+        return target
+    if not build:
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "tokenizer.json").exists():
+            return target
+        gguf_path = _builtin_gguf(BUILTIN_MODELS[name], cache_dir)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+        try:
+            tokenizer.save_pretrained(staging)
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def _check_safe_name(name: str) -> None:
     if not name or name.strip() != name:
         raise ModelNotFoundError(

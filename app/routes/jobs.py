@@ -11,7 +11,7 @@ from sqlalchemy import delete, select
 
 from ..db.jobs import add_event, request_cancel
 from ..db.models import Event, Job, StoredFile, utcnow
-from ..deps import KeyDep, SessionsDep, SettingsDep, get_queue
+from ..deps import KeyDep, SessionsDep, SettingsDep, get_base_tokenizers, get_queue
 from ..errors import ApiError
 from ..schemas import EventList, ExtendRequest, JobList, JobStatus
 from ..schemas import Event as EventOut
@@ -61,10 +61,11 @@ def extend(
     key: KeyDep,
     settings: SettingsDep,
     queue=Depends(get_queue),
+    tokenizers=Depends(get_base_tokenizers),
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", description="Retrying with the same key returns the same job")] = None,
 ) -> JobOut:
     with sessions() as db:
-        job, created = submit(db, key, body, settings, idempotency_key)
+        job, created = submit(db, key, body, settings, idempotency_key, tokenizers)
         if created:
             enqueue(db, queue, job)
         else:
