@@ -1,4 +1,4 @@
-"""run(spec, callbacks) -> result: load -> (mine) -> extend -> init -> train -> evaluate -> publish.
+"""run(spec, callbacks) -> result: load -> (mine) -> extend -> init -> (generate) -> train -> evaluate -> publish.
 
 The CLI and the worker call only this. Everything the service needs goes through `callbacks`
 (stage changes, progress, events, warnings, the cancel check, a work folder for checkpoints).
@@ -19,7 +19,7 @@ from .models import ModelSources, load_model, load_tokenizer, resolve_model
 from .publish import check_output_dir, publish
 from .spec import Callbacks, ExtendSpec
 
-STAGES = ("load", "mine", "extend", "init", "train", "evaluate", "publish")
+STAGES = ("load", "mine", "extend", "init", "generate", "train", "evaluate", "publish")
 DEFAULT_SOURCES = ModelSources(cache_dir=Path.home() / ".cache" / "tide")
 
 
@@ -105,7 +105,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     tokenizer = load_tokenizer(resolved, sources)
     model = load_model(resolved, sources).eval()
     model.requires_grad_(False)
-    from .train import TrainConfig, max_positions
+    from .train import TrainConfig, build_training_data, max_positions
 
     TrainConfig.from_spec(spec).validate(max_positions=max_positions(model))
 
@@ -129,16 +129,26 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     stages.enter("init")
     rows = subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
 
-    stages.enter("train")
     history: list[dict] = []
-    if spec.steps > 0:
-        rows, history = _train(spec, model, extended, rows, callbacks)
+    if spec.steps > 0 and spec.corpus_path is None:
+        # Terms only: the base model first writes contexts for every term (minutes on a CPU),
+        # a stage of its own so a job never sits at "train 0/N" meanwhile.
+        stages.enter("generate")
+        objective = build_training_data(spec, model, extended, callbacks)
+        stages.enter("train")
+    else:
+        stages.enter("train")
+        objective = build_training_data(spec, model, extended, callbacks) if spec.steps > 0 else None
+    if objective is not None:
+        rows, history = _train(spec, model, extended, rows, objective, callbacks)
 
     stages.enter("evaluate")
     general = load_general_text()
     held_out = _held_out_docs(spec)
     new_ids = [t.id for t in extended.new_tokens]
-    before = evaluate_model(model, tokenizer, held_out, general, max_bytes=spec.eval_max_bytes)
+    # Two passes over the same chunks (before, then after): one progress bar across both.
+    before = evaluate_model(model, tokenizer, held_out, general, max_bytes=spec.eval_max_bytes,
+                            on_progress=lambda done, total: callbacks.on_progress(done, 2 * total, {"unit": "chunks"}))
     calibration = _calibration_ids(tokenizer, general)
     init_report = apply_rows(
         model, rows, base_vocab_size=extended.base_vocab_size,
@@ -149,7 +159,8 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
             f"padding rows take up to {init_report['padding_probability_max']:.2e} of the probability "
             "on general text (limit 1e-4); generation_config.suppress_tokens lists them"
         )
-    after = evaluate_model(model, extended.tokenizer, held_out, general, new_token_ids=new_ids, max_bytes=spec.eval_max_bytes)
+    after = evaluate_model(model, extended.tokenizer, held_out, general, new_token_ids=new_ids, max_bytes=spec.eval_max_bytes,
+                           on_progress=lambda done, total: callbacks.on_progress(total + done, 2 * total, {"unit": "chunks"}))
     metrics = {
         "before": before,
         "after": after,
@@ -210,11 +221,11 @@ def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
     return mined
 
 
-def _train(spec: ExtendSpec, model, extended, rows, callbacks: Callbacks):
+def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callbacks):
+    """Train the new rows on `objective` (built from the plain base model, before attaching)."""
     from .rows import attach
-    from .train import TrainConfig, build_training_data, train_rows, training_model
+    from .train import TrainConfig, train_rows, training_model
 
-    objective = build_training_data(spec, model, extended, callbacks)  # before attaching: it may generate
     # On a GPU this is a bf16 copy; the trained fp32 rows go back into the original model.
     trained = training_model(model)
     adapter = attach(trained, extended.base_vocab_size, rows, pad_to_multiple_of=spec.pad_to_multiple_of)

@@ -355,7 +355,8 @@ def build_training_data(spec, model, extended, callbacks: Callbacks | None = Non
     from .distill import terms_objective as build
 
     return build(model, extended, config, objective=terms_objective, work_dir=callbacks.work_dir,
-                 should_cancel=callbacks.should_cancel)
+                 should_cancel=callbacks.should_cancel,
+                 on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "contexts"}))
 
 
 # -- devices ----------------------------------------------------------------------------------
