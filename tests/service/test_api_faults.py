@@ -79,6 +79,12 @@ def test_a_body_within_the_limit_still_works(server, api_key):
     assert not answer.closed  # ordinary errors keep the connection
 
 
+def test_what_uvicorn_cannot_parse_it_answers_itself(server):
+    # Before the application runs, so outside the error shape (docs/service.md says so).
+    answer = request(server, b"THIS IS NOT HTTP\r\n\r\n")
+    assert answer.status == 400 and answer.body == b"Invalid HTTP request received." and answer.closed
+
+
 # -- item 6: a body that stops arriving ------------------------------------------------------
 
 def test_a_stalled_body_gets_408_and_the_connection_is_closed(server, api_key):
