@@ -114,8 +114,9 @@ class Job(BaseModel):
         "train, evaluate or publish"
     )
     progress: Progress = Field(
-        description="Progress within the current stage: training steps (train), contexts written (generate), text chunks "
-        "scored (evaluate); 0 of 0 in a stage that has not counted yet. A queued job shows 0 of its training steps"
+        description="Progress within the current stage: training steps (train), corpus documents read (mine), contexts "
+        "written (generate), text chunks scored (evaluate); 0 of 0 in a stage that has not counted yet. A queued job shows 0 "
+        "of its training steps"
     )
     base_model: str
     attempt: int = Field(description="How many times a worker has started this job")

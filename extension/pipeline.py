@@ -95,8 +95,9 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     sources = sources or DEFAULT_SOURCES
     validate_spec(spec)
     check_output_dir(spec.out_dir, force=spec.force)
+    corpus_documents = 0
     if spec.corpus_path is not None:
-        corpus_io.check_corpus(spec.corpus_path, text_field=spec.corpus_text_field, label=_corpus_label(spec))
+        corpus_documents, _bytes = corpus_io.check_corpus(spec.corpus_path, text_field=spec.corpus_text_field, label=_corpus_label(spec))
     stages = _Stages(callbacks)
     torch.manual_seed(spec.seed)
 
@@ -112,7 +113,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     mined = None
     if spec.corpus_path is not None and not spec.terms:
         stages.enter("mine")
-        mined = _mine(spec, tokenizer, callbacks)
+        mined = _mine(spec, tokenizer, callbacks, corpus_documents)
         extended = mined.extended
     else:
         stages.enter("extend")
@@ -207,13 +208,15 @@ def _extend(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
     return extended
 
 
-def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
+def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks, documents: int):
     from .mining import mine_terms
 
+    total = 2 * documents  # the two passes over the corpus: counting words, checking encodings
     mined = mine_terms(
         tokenizer, spec.corpus_path, max_new_tokens=spec.max_new_tokens,
         min_frequency=spec.min_frequency, text_field=spec.corpus_text_field,
         should_cancel=callbacks.should_cancel, corpus_name=spec.corpus_name or "corpus",
+        on_progress=lambda read: callbacks.on_progress(min(read, total - 1), total, {"unit": "documents"}),
     )
     callbacks.on_event("mined_terms", mined.report)
     if mined.report.get("status") == "guarantee_failed" or not mined.found_terms:

@@ -55,8 +55,9 @@ class Callbacks:
 
     on_stage(name)                      a stage starts: load, mine, extend, init, generate, train, evaluate, publish
     on_progress(step, total, metrics)   progress within the current stage: training steps (metrics: loss,
-                                        tokens_per_s, lr), generated contexts and scored evaluation
-                                        chunks (metrics: {"unit": "contexts" | "chunks"})
+                                        tokens_per_s, lr), corpus documents read while mining,
+                                        generated contexts and scored evaluation chunks
+                                        (metrics: {"unit": "documents" | "contexts" | "chunks"})
     on_event(kind, payload)             anything worth recording (metrics, mined terms, reports)
     on_warning(message)                 something the user should read but that did not stop the job
     should_cancel() -> bool             polled between steps; True stops the job (JobCancelled)
