@@ -49,8 +49,10 @@ _UPLOAD_BODY = {
     openapi_extra=_UPLOAD_BODY,
     responses={
         **INVALID,
+        408: {"model": ErrorResponse, "description": "The body stopped arriving for TIDE_REQUEST_BODY_TIMEOUT_S"},
         413: {"model": ErrorResponse, "description": "Larger than TIDE_MAX_UPLOAD_BYTES"},
         415: {"model": ErrorResponse, "description": "Not multipart/form-data"},
+        507: {"model": ErrorResponse, "description": "The server's disk filled up while storing it (nothing kept)"},
     },
 )
 async def upload(request: Request, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> FileObject:

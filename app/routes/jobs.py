@@ -13,7 +13,7 @@ from ..db.jobs import add_event, request_cancel
 from ..db.models import Event, Job, StoredFile, utcnow
 from ..deps import KeyDep, SessionsDep, SettingsDep, get_base_tokenizers, get_queue
 from ..errors import ApiError
-from ..schemas import EventList, ExtendRequest, JobList, JobStatus
+from ..schemas import ErrorResponse, EventList, ExtendRequest, JobList, JobStatus
 from ..schemas import Event as EventOut
 from ..schemas import Job as JobOut
 from ..storage import job_artifacts_dir, job_work_dir, remove_tree
@@ -52,7 +52,12 @@ def enqueue(db, queue, job: Job) -> None:
     status_code=202,
     response_model=JobOut,
     summary="Start a job: extend a model's vocabulary with new terms",
-    responses={202: {"description": "Accepted; poll the Location", "headers": {"Location": {"schema": {"type": "string"}, "description": "The job's URL"}}}, **CONFLICT},
+    responses={
+        202: {"description": "Accepted; poll the Location", "headers": {"Location": {"schema": {"type": "string"}, "description": "The job's URL"}}},
+        **CONFLICT,
+        408: {"model": ErrorResponse, "description": "The body stopped arriving for TIDE_REQUEST_BODY_TIMEOUT_S"},
+        413: {"model": ErrorResponse, "description": "The body is larger than TIDE_MAX_REQUEST_BODY_BYTES"},
+    },
 )
 def extend(
     body: ExtendRequest,
