@@ -43,6 +43,7 @@ def _run(args: argparse.Namespace) -> int:
         terms=read_terms_file(args.terms) if args.terms else None,
         corpus_path=args.corpus,
         **option_values(args),
+        corpus_name=str(args.corpus) if args.corpus else None,
         allow_local_paths=True,
         force=args.force,
     )

@@ -33,22 +33,35 @@ def get_queue(request: Request):
     return request.app.state.queue
 
 
-def current_key(
-    request: Request,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> ApiKey:
+def get_base_tokenizers(request: Request):
+    return request.app.state.base_tokenizers
+
+
+def key_for_token(sessions: sessionmaker[Session], token: str | None) -> ApiKey:
+    """The API key a bearer token belongs to; ApiError 401 when there is none or it is revoked."""
     challenge = {"WWW-Authenticate": "Bearer"}
-    if credentials is None:
+    if not token:
         raise ApiError(
             401, "unauthorized", "missing API key: send the header 'Authorization: Bearer <key>' (create a key with `tide keys create NAME`)",
             "Authorization", challenge,
         )
     # Its own short session, closed in this same thread (see get_sessions).
-    with request.app.state.sessions() as session:
-        key = authenticate(session, credentials.credentials)
+    with sessions() as session:
+        key = authenticate(session, token)
     if key is None:
         raise ApiError(401, "unauthorized", "invalid or revoked API key; check the key or create a new one with `tide keys create NAME`", "Authorization", challenge)
     return key
+
+
+def current_key(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> ApiKey:
+    # A request with a body was authenticated before its body was read (app.guard).
+    checked = getattr(request.state, "api_key", None)
+    if checked is not None:
+        return checked
+    return key_for_token(request.app.state.sessions, credentials.credentials if credentials else None)
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

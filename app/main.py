@@ -11,7 +11,9 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from . import errors
+from .base_tokenizers import BaseTokenizers
 from .db.engine import init_db, make_engine, make_sessionmaker
+from .guard import RequestGuard
 from .queue import JobQueue
 from .routes import artifacts, files, health, jobs, models
 from .settings import Settings, get_settings
@@ -65,7 +67,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.engine = engine
     app.state.sessions = make_sessionmaker(engine)
     app.state.queue = JobQueue(settings)
+    app.state.base_tokenizers = BaseTokenizers(settings)
     errors.install(app)
+    app.add_middleware(RequestGuard, settings=settings, sessions=app.state.sessions)
     for module in (health, jobs, files, artifacts, models):
         app.include_router(module.router)
     return app

@@ -100,8 +100,15 @@ class ArtifactLinks(BaseModel):
 class Job(BaseModel):
     id: str
     status: JobStatus
-    stage: str | None = Field(description="load, mine, extend, init, train, evaluate or publish")
-    progress: Progress
+    stage: str | None = Field(
+        description="load, mine, extend, init, generate (terms-only jobs: the base model writes contexts for the terms), "
+        "train, evaluate or publish"
+    )
+    progress: Progress = Field(
+        description="Progress within the current stage: training steps (train), corpus documents read (mine), contexts "
+        "written (generate), text chunks scored (evaluate); 0 of 0 in a stage that has not counted yet. A queued job shows 0 "
+        "of its training steps"
+    )
     base_model: str
     attempt: int = Field(description="How many times a worker has started this job")
     created_at: datetime

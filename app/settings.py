@@ -57,6 +57,15 @@ class Settings(BaseSettings):
         1_000_000, ge=1, description="Longest inline corpus_text in POST /extend, in characters (upload bigger corpora)"
     )
     max_steps: int = Field(100_000, ge=1, description="Most training steps a job may ask for")
+    max_request_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024,
+        description="Largest request body other than a corpus upload (the JSON of POST /extend), in bytes; a larger one "
+        "gets 413 before it is read. Keep it above 12 x TIDE_MAX_CORPUS_TEXT_CHARS (JSON escapes of non-ASCII text)",
+    )
+    request_body_timeout_s: float = Field(
+        30.0, gt=0, description="Longest wait for the next piece of a request body, in seconds; a client that stalls longer "
+        "gets 408 and its connection is closed"
+    )
 
     # job lifecycle
     job_time_limit_s: int = Field(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections import OrderedDict
 from pathlib import Path
 
 from sqlalchemy import select
@@ -19,13 +20,14 @@ from extension.corpus import check_corpus
 from extension.errors import InvalidCorpusError, TideError
 from extension.models import BUILTIN_MODELS, resolve_model
 
+from .base_tokenizers import BaseTokenizers
 from .db.jobs import add_event, new_job_id
 from .db.models import ApiKey, Job, StoredFile
 from .errors import ApiError
 from .schemas import ExtendRequest
 from .settings import Settings
 from .storage import upload_path
-from .terms import validate_terms
+from .terms import check_terms_add_something, validate_terms
 
 
 def new_file_id() -> str:
@@ -78,10 +80,10 @@ def _store_inline_corpus(db: Session, key: ApiKey, text: str, settings: Settings
     data = text.encode("utf-8")
     path.write_bytes(data)
     try:
-        documents, _size = check_corpus(path)
+        documents, _size = check_corpus(path, label="corpus_text")
     except InvalidCorpusError as exc:
         path.unlink(missing_ok=True)
-        raise ApiError(422, exc.code, exc.message.replace(f"corpus {path.name}", "corpus_text"), "corpus_text") from None
+        raise ApiError(422, exc.code, exc.message, "corpus_text") from None
     stored = StoredFile(
         id=file_id, owner_id=key.id, filename="corpus_text.txt", path=str(path), bytes=len(data),
         sha256=hashlib.sha256(data).hexdigest(), documents=documents, source="inline",
@@ -107,8 +109,38 @@ def _replay(job: Job, request_hash: str) -> Job:
     return job
 
 
-def submit(db: Session, key: ApiKey, request: ExtendRequest, settings: Settings, idempotency_key: str | None) -> tuple[Job, bool]:
-    """Store a new queued job. Returns (job, created); created is False for an idempotent replay."""
+def _check_text_field(stored: StoredFile, text_field: str) -> None:
+    """A JSONL upload was checked with the text field named at upload; a job may name another."""
+    if Path(stored.path).suffix != ".jsonl" or (stored.id, stored.sha256, text_field) in _CHECKED_FIELDS:
+        return
+    try:
+        check_corpus(Path(stored.path), text_field=text_field, label=f"upload {stored.filename!r}")
+    except InvalidCorpusError as exc:
+        raise ApiError(
+            422, exc.code, f"{exc.message} (corpus_text_field is {text_field!r}; set it to the field that holds the text)",
+            "corpus_text_field",
+        ) from None
+    _CHECKED_FIELDS[(stored.id, stored.sha256, text_field)] = True
+    while len(_CHECKED_FIELDS) > 1024:
+        _CHECKED_FIELDS.popitem(last=False)
+
+
+# (file id, sha256, text field) of JSONL uploads already read through with that field: a retry
+# or a second job on the same upload does not read it again.
+_CHECKED_FIELDS: OrderedDict[tuple[str, str, str], bool] = OrderedDict()
+
+_DEFERRED_TERMS_CHECK = (
+    "the tokenizer of {model} is not on this server yet, so the worker checks that the terms add something "
+    "(a job whose every term is already one token of the base model fails there)"
+)
+
+
+def submit(
+    db: Session, key: ApiKey, request: ExtendRequest, settings: Settings, idempotency_key: str | None,
+    tokenizers: BaseTokenizers | None = None,
+) -> tuple[Job, bool]:
+    """Store a new queued job. Returns (job, created); created is False for an idempotent replay.
+    With `tokenizers`, terms that would add nothing to the base model are refused here."""
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
         raise ApiError(422, "invalid_request", "Idempotency-Key must be 1 to 255 characters", "Idempotency-Key")
     request_hash = _request_hash(request)
@@ -121,11 +153,18 @@ def submit(db: Session, key: ApiKey, request: ExtendRequest, settings: Settings,
         check_base_model(request.base_model, settings)
     except TideError as exc:
         raise ApiError(422, exc.code, exc.message, "base_model") from None
+    deferred: list[str] = []
     if request.terms is not None:
         validate_terms(request.terms, settings)
+        tokenizer = tokenizers.get(request.base_model) if tokenizers is not None else None
+        if tokenizer is not None:
+            check_terms_add_something(request.terms, tokenizer, request.base_model, settings)
+        else:
+            deferred.append(_DEFERRED_TERMS_CHECK.format(model=request.base_model))
     corpus = None
     if request.corpus_file_id is not None:
         corpus = _own_file(db, key, request.corpus_file_id)
+        _check_text_field(corpus, request.corpus_text_field)
     elif request.corpus_text is not None:
         corpus = _store_inline_corpus(db, key, request.corpus_text, settings)
 
@@ -151,5 +190,7 @@ def submit(db: Session, key: ApiKey, request: ExtendRequest, settings: Settings,
             raise
         return _replay(previous, request_hash), False
     add_event(db, job.id, "status", {"status": "queued"})
+    for message in deferred:
+        add_event(db, job.id, "check_deferred", {"message": message})
     db.commit()
     return job, True

@@ -1,11 +1,14 @@
 """Stream a multipart corpus upload straight to disk: bounded size, hashed on the way.
 
 Starlette's form parser would spool the whole body to a temporary file before the route could
-refuse it; this parser stops at the first byte over the limit.
+refuse it; this parser stops at the first byte over the limit. The parser runs in a worker
+thread, chunk by chunk, because its callbacks write the file: disk writes never block the event
+loop. Only a body that reaches its closing boundary is a complete upload.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -13,10 +16,12 @@ from pathlib import Path
 
 from fastapi import Request
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.concurrency import run_in_threadpool
 
 from .errors import ApiError
 
 _FIELD_LIMIT = 1024  # small text fields (text_field) only
+MULTIPART_OVERHEAD = 64 * 1024  # part headers and boundaries around a file of the largest allowed size
 _HOW = "send the corpus as multipart/form-data with the file in a field named 'file' (curl -F file=@corpus.txt)"
 
 
@@ -44,6 +49,7 @@ class _State:
     written: int = 0
     hasher: "hashlib._Hash" = field(default_factory=hashlib.sha256)
     problem: ApiError | None = None
+    complete: bool = False  # the closing boundary was seen
 
 
 def _callbacks(state: _State) -> dict:
@@ -97,6 +103,9 @@ def _callbacks(state: _State) -> dict:
         if state.part_name and state.part_name != "file" and state.problem is None:
             state.fields[state.part_name] = state.field_buffer.decode("utf-8", "replace")
 
+    def on_end() -> None:
+        state.complete = True
+
     return {
         "on_part_begin": on_part_begin,
         "on_header_field": on_header_field,
@@ -105,6 +114,7 @@ def _callbacks(state: _State) -> dict:
         "on_headers_finished": on_headers_finished,
         "on_part_data": on_part_data,
         "on_part_end": on_part_end,
+        "on_end": on_end,
     }
 
 
@@ -115,18 +125,18 @@ async def receive_file(request: Request, partial: Path, limit: int) -> ReceivedF
     if content_type != b"multipart/form-data" or not boundary:
         raise ApiError(415, "unsupported_media_type", f"expected multipart/form-data; {_HOW}", "file")
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit + 64 * 1024:
+    if declared and declared.isdigit() and int(declared) > limit + MULTIPART_OVERHEAD:
         raise ApiError(
             413, "file_too_large",
             f"the upload ({declared} bytes) is larger than this server's limit of {limit} bytes; split the corpus or ask for a higher TIDE_MAX_UPLOAD_BYTES",
             "file",
         )
-    partial.parent.mkdir(parents=True, exist_ok=True)
     state = _State(limit=limit, partial=partial)
     parser = MultipartParser(boundary, _callbacks(state))
     try:
+        await run_in_threadpool(partial.parent.mkdir, parents=True, exist_ok=True)
         async for chunk in request.stream():
-            parser.write(chunk)
+            await run_in_threadpool(parser.write, chunk)
             if state.problem is not None:
                 raise state.problem
         parser.finalize()
@@ -134,19 +144,43 @@ async def receive_file(request: Request, partial: Path, limit: int) -> ReceivedF
             raise state.problem
         if state.handle is None:
             raise ApiError(422, "invalid_request", f"no 'file' part in the upload; {_HOW}", "file")
-        state.handle.flush()
-        os.fsync(state.handle.fileno())
+        if not state.complete:
+            raise ApiError(
+                422, "incomplete_upload",
+                "the upload ended before the multipart body's closing boundary, so the file was cut short "
+                f"and nothing was stored; send the whole body again ({_HOW})",
+                "file",
+            )
+        await run_in_threadpool(_sync_and_close, state.handle)
     except ApiError:
-        _discard(state)
+        await run_in_threadpool(_discard, state)
         raise
+    except OSError as exc:
+        await run_in_threadpool(_discard, state)
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ApiError(
+                507, "insufficient_storage",
+                "the server ran out of disk space while storing the upload; nothing was kept — "
+                "try again later, and tell the operator if it persists",
+                "file",
+            ) from None
+        raise  # any other disk error is the server's fault: logged, answered 500
     except Exception as exc:  # the multipart parser's own errors: a malformed body
-        _discard(state)
+        await run_in_threadpool(_discard, state)
         raise ApiError(422, "invalid_request", f"malformed multipart body ({type(exc).__name__}); {_HOW}", "file") from None
-    state.handle.close()
     return ReceivedFile(state.filename or "corpus.txt", partial, state.written, state.hasher.hexdigest(), state.fields)
+
+
+def _sync_and_close(handle) -> None:
+    handle.flush()
+    os.fsync(handle.fileno())
+    handle.close()
 
 
 def _discard(state: _State) -> None:
     if state.handle is not None:
-        state.handle.close()
+        try:
+            state.handle.close()
+        except OSError:
+            pass  # closing flushes what is buffered, which fails again on a full disk
     state.partial.unlink(missing_ok=True)

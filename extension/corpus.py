@@ -30,10 +30,14 @@ def detect_format(path: Path, text_field: str = "text") -> CorpusFormat:
     return CorpusFormat(jsonl=path.suffix.lower() in {".jsonl", ".ndjson"}, text_field=text_field)
 
 
-def _check_text(line: bytes, offset: int, path: Path) -> str:
+def _label(path: Path, label: str | None) -> str:
+    return label if label is not None else f"corpus {path.name}"
+
+
+def _check_text(line: bytes, offset: int, label: str) -> str:
     if b"\x00" in line:
         raise InvalidCorpusError(
-            f"corpus {path.name} looks binary: NUL byte at byte offset {offset + line.index(0)}; "
+            f"{label} looks binary: NUL byte at byte offset {offset + line.index(0)}; "
             "upload UTF-8 text or JSONL",
             param="corpus",
         )
@@ -41,42 +45,46 @@ def _check_text(line: bytes, offset: int, path: Path) -> str:
         return line.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise InvalidCorpusError(
-            f"corpus {path.name} is not UTF-8: invalid byte at byte offset {offset + exc.start}; "
+            f"{label} is not UTF-8: invalid byte at byte offset {offset + exc.start}; "
             "re-encode it as UTF-8 (e.g. iconv -t UTF-8)",
             param="corpus",
         ) from None
 
 
-def _lines(path: Path) -> Iterator[tuple[int, int, str]]:
+def _lines(path: Path, label: str) -> Iterator[tuple[int, int, str]]:
     """(line number from 1, byte offset, decoded line) — streamed, never the whole file."""
     offset = 0
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
-            yield number, offset, _check_text(raw, offset, path)
+            yield number, offset, _check_text(raw, offset, label)
             offset += len(raw)
 
 
-def iter_documents(path: Path, *, text_field: str = "text", fmt: CorpusFormat | None = None) -> Iterator[str]:
-    """Every non-empty document of the corpus, in file order. Raises InvalidCorpusError."""
+def iter_documents(path: Path, *, text_field: str = "text", fmt: CorpusFormat | None = None, label: str | None = None) -> Iterator[str]:
+    """Every non-empty document of the corpus, in file order. Raises InvalidCorpusError.
+
+    `label` is how error messages call the corpus (default "corpus <file name>"): the service
+    passes the name its client gave, so no server file name or path reaches a client."""
     path = Path(path)
+    label = _label(path, label)
     if not path.is_file():
-        raise InvalidCorpusError(f"corpus file {str(path)!r} does not exist", param="corpus")
+        raise InvalidCorpusError(f"{label} does not exist (no such file)", param="corpus")
     fmt = fmt or detect_format(path, text_field)
     if fmt.jsonl:
-        for number, _offset, line in _lines(path):
+        for number, _offset, line in _lines(path, label):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InvalidCorpusError(
-                    f"corpus {path.name} line {number} is not valid JSON ({exc.msg}); each line of a "
+                    f"{label} line {number} is not valid JSON ({exc.msg}); each line of a "
                     "JSONL corpus must be one JSON object",
                     param="corpus",
                 ) from None
             if not isinstance(record, dict) or not isinstance(record.get(fmt.text_field), str):
                 raise InvalidCorpusError(
-                    f"corpus {path.name} line {number} has no string field {fmt.text_field!r}; give each "
+                    f"{label} line {number} has no string field {fmt.text_field!r}; give each "
                     "record that field or choose the field name with the text-field option",
                     param="corpus",
                 )
@@ -84,7 +92,7 @@ def iter_documents(path: Path, *, text_field: str = "text", fmt: CorpusFormat | 
                 yield record[fmt.text_field]
         return
     block: list[str] = []
-    for _number, _offset, line in _lines(path):
+    for _number, _offset, line in _lines(path, label):
         if line.strip():
             block.append(line)
         elif block:
@@ -126,7 +134,7 @@ def check_corpus(path: Path, **kwargs) -> tuple[int, int]:
         size += len(doc.encode("utf-8"))
     if count == 0:
         raise InvalidCorpusError(
-            f"corpus {Path(path).name} is empty (no non-blank text); give a UTF-8 text file with "
+            f"{_label(Path(path), kwargs.get('label'))} is empty (no non-blank text); give a UTF-8 text file with "
             "documents separated by blank lines, or JSONL with a text field",
             param="corpus",
         )

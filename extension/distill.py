@@ -61,9 +61,11 @@ def _prompt_ids(tokenizer, text: str) -> list[int]:
 
 @torch.no_grad()
 def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 64, seed: int = 0,
-                   batch_size: int = 16, should_cancel=None) -> list[str]:
+                   batch_size: int = 16, should_cancel=None, on_progress=None) -> list[str]:
     """Sample `per_term` continuations of a prompt containing each term, with the BASE model
-    (call before attaching the adapter). Returns the full texts, prompt included."""
+    (call before attaching the adapter). Returns the full texts, prompt included.
+    `on_progress(done, total)` hears how many of the texts are written, after every batch: on a
+    CPU this takes minutes."""
     tokenizer = extended.tokenizer
     pieces = {t.id: t.base_ids for t in extended.new_tokens}
     prompts: list[list[int]] = []
@@ -77,6 +79,8 @@ def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
+        if on_progress is not None:
+            on_progress(0, len(prompts))
         for start in range(0, len(prompts), batch_size):
             if should_cancel is not None and should_cancel():
                 from .errors import JobCancelled
@@ -90,13 +94,15 @@ def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 
                                  temperature=0.8, max_new_tokens=max_new_tokens, pad_token_id=pad)
             for row, prompt in zip(out, batch):
                 texts.append(tokenizer.decode(row[width - len(prompt):].tolist(), skip_special_tokens=True))
+            if on_progress is not None:
+                on_progress(len(texts), len(prompts))
     finally:
         torch.random.set_rng_state(generator_state)
     return texts
 
 
 def term_contexts(model, extended, *, per_term: int = 4, max_new_tokens: int = 64, seed: int = 0,
-                  work_dir: Path | None = None, should_cancel=None) -> list[str]:
+                  work_dir: Path | None = None, should_cancel=None, on_progress=None) -> list[str]:
     """generate_texts, cached in work_dir so a resumed job trains on the very same texts (the
     cache key holds the base model's identity too: another model's texts are never reused)."""
     from .train import run_identity
@@ -111,7 +117,7 @@ def term_contexts(model, extended, *, per_term: int = 4, max_new_tokens: int = 6
         if saved.get("key") == key:
             return saved["texts"]
     texts = generate_texts(model, extended, per_term=per_term, max_new_tokens=max_new_tokens, seed=seed,
-                           should_cancel=should_cancel)
+                           should_cancel=should_cancel, on_progress=on_progress)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
@@ -235,7 +241,8 @@ class TermContextObjective:
 
 
 def terms_objective(model, extended, config, *, objective: str = "distill", per_term: int = 4,
-                    max_new_tokens: int = 64, work_dir: Path | None = None, should_cancel=None) -> TermContextObjective:
+                    max_new_tokens: int = 64, work_dir: Path | None = None, should_cancel=None,
+                    on_progress=None) -> TermContextObjective:
     """The training data of a terms-only job (call before attaching the adapter).
 
     Generation is the slow part on a CPU, so no more contexts are sampled than the run can read
@@ -243,6 +250,6 @@ def terms_objective(model, extended, config, *, objective: str = "distill", per_
     terms = max(1, len(extended.terms))
     per_term = max(1, min(per_term, -(-config.steps * config.batch_size // terms)))
     texts = term_contexts(model, extended, per_term=per_term, max_new_tokens=max_new_tokens, seed=config.seed,
-                          work_dir=work_dir, should_cancel=should_cancel)
+                          work_dir=work_dir, should_cancel=should_cancel, on_progress=on_progress)
     return TermContextObjective(texts, extended, batch_size=config.batch_size, seq_len=config.seq_len,
                                 seed=config.seed, objective=objective)

@@ -30,7 +30,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -50,7 +50,8 @@ _FORTUNE_SEPARATOR = re.compile(r"^%\s*$", re.MULTILINE)
 
 @dataclass(frozen=True)
 class GeneralText:
-    """Documents of general text plus where they came from (recorded in the metrics)."""
+    """Documents of general text plus where they came from (recorded in the metrics, so a name,
+    never a path: metrics reach the service's clients)."""
 
     documents: list[str]
     source: str
@@ -78,12 +79,12 @@ def load_general_text(path: Path | str | None = None) -> GeneralText:
         path = Path(path)
         head = path.read_text(encoding="utf-8", errors="replace")[:65536] if path.is_file() else ""
         if _FORTUNE_SEPARATOR.search(head):
-            return GeneralText(read_fortune_file(path), str(path))
+            return GeneralText(read_fortune_file(path), path.name)
         from .corpus import iter_documents
 
-        return GeneralText(list(iter_documents(path)), str(path))
+        return GeneralText(list(iter_documents(path)), path.name)
     if FORTUNES_PATH.is_file():
-        return GeneralText(read_fortune_file(FORTUNES_PATH), str(FORTUNES_PATH))
+        return GeneralText(read_fortune_file(FORTUNES_PATH), "debian:fortunes")
     return GeneralText(_pydoc_documents(), "python:" + PYDOC_TOPICS)
 
 
@@ -230,8 +231,9 @@ class _Scorer:
         if group:
             yield group
 
-    def score(self, sequences: list[list[int]], pad_id: int) -> list[float]:
-        """Summed NLL (nats) of each sequence's tokens after its first (context) token."""
+    def score(self, sequences: list[list[int]], pad_id: int, on_scored: Callable[[int], None] | None = None) -> list[float]:
+        """Summed NLL (nats) of each sequence's tokens after its first (context) token.
+        `on_scored(n)` hears after each batch how many sequences it held."""
         vocab = self.model.get_output_embeddings().weight.shape[0]
         totals = [0.0] * len(sequences)
         for group in self.batches(sequences, vocab):
@@ -245,6 +247,8 @@ class _Scorer:
             lengths = [len(sequences[i]) - 1 for i in group]
             for index, part in zip(group, torch.split(nll, lengths)):
                 totals[index] = float(part.sum())
+            if on_scored is not None:
+                on_scored(len(group))
         return totals
 
 
@@ -259,8 +263,10 @@ def score_documents(
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
     logit_elements: int = DEFAULT_LOGIT_ELEMENTS,
     context_id: int | None = None,
+    on_scored: Callable[[int], None] | None = None,
 ) -> dict | None:
-    """Bits per byte, tokens per byte and new-token usage of one body of text (None if empty)."""
+    """Bits per byte, tokens per byte and new-token usage of one body of text (None if empty).
+    `on_scored(n)` hears how many more chunks are scored, batch by batch."""
     per_document = chunk_documents(documents, chunk_bytes, max_bytes)
     chunks = [chunk for doc in per_document for chunk in doc]
     if not chunks:
@@ -281,7 +287,7 @@ def score_documents(
     try:
         with torch.inference_mode():
             scorer.check_head_path(max(sequences, key=len))
-            nats = sum(scorer.score(sequences, pad_id=context))
+            nats = sum(scorer.score(sequences, pad_id=context, on_scored=on_scored))
     finally:
         model.train(was_training)
     size = sum(len(chunk.encode("utf-8")) for chunk in chunks)
@@ -317,8 +323,12 @@ def evaluate_model(
     general_max_bytes: int | None = None,
     batch_tokens: int = DEFAULT_BATCH_TOKENS,
     context_id: int | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Score held-out domain documents and general text with one model + tokenizer.
+
+    `on_progress(done, total)` hears how many of the chunks (domain and general together) are
+    scored, batch by batch: on a CPU a 135M model takes tens of seconds for the default budget.
 
     `domain_docs` None or empty (a terms-only job) gives `"domain": None`; likewise for
     `general_text`. `general_max_bytes` defaults to `max_bytes`. The result is JSON-ready:
@@ -333,13 +343,27 @@ def evaluate_model(
     started = time.perf_counter()
     new_ids = None if new_token_ids is None else sorted(set(int(i) for i in new_token_ids))
     context = context_token_id(tokenizer) if context_id is None else context_id
-    common = dict(new_token_ids=new_ids, chunk_bytes=chunk_bytes, batch_tokens=batch_tokens, context_id=context)
-    domain = score_documents(model, tokenizer, domain_docs or [], max_bytes=max_bytes, **common)
     if isinstance(general_text, str):
         general_text = GeneralText([general_text], "text")
     elif general_text is not None and not isinstance(general_text, GeneralText):
         general_text = GeneralText(list(general_text), "documents")
     general_limit = max_bytes if general_max_bytes is None else general_max_bytes
+    on_scored = None
+    if on_progress is not None:
+        domain_docs = list(domain_docs or [])
+        total = sum(len(doc) for doc in chunk_documents(domain_docs, chunk_bytes, max_bytes))
+        if general_text is not None:
+            total += sum(len(doc) for doc in chunk_documents(general_text.documents, chunk_bytes, general_limit))
+        done = 0
+
+        def on_scored(count: int) -> None:
+            nonlocal done
+            done += count
+            on_progress(done, total)
+
+        on_progress(0, total)
+    common = dict(new_token_ids=new_ids, chunk_bytes=chunk_bytes, batch_tokens=batch_tokens, context_id=context, on_scored=on_scored)
+    domain = score_documents(model, tokenizer, domain_docs or [], max_bytes=max_bytes, **common)
     general = None
     if general_text is not None:
         general = score_documents(model, tokenizer, general_text.documents, max_bytes=general_limit, **common)

@@ -122,6 +122,37 @@ def _convert_builtin(model: BuiltinModel, cache_dir: Path) -> Path:
     return target
 
 
+def builtin_tokenizer_dir(name: str, cache_dir: Path, *, build: bool = True) -> Path | None:
+    """A folder holding the tokenizer (tokenizer.json) of built-in model `name`.
+
+    The converted model folder when a job has written it; else the tokenizer alone, read from
+    the model's GGUF once into cache_dir/tokenizers/<name> — seconds and a few MB, the weights
+    are never dequantised. With build=False, None when neither exists yet."""
+    converted = cache_dir / "builtin" / name
+    if (converted / "config.json").exists() and (converted / "tokenizer.json").exists():
+        return converted
+    target = cache_dir / "tokenizers" / name
+    if (target / "tokenizer.json").exists():
+        return target
+    if not build:
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "tokenizer.json").exists():
+            return target
+        gguf_path = _builtin_gguf(BUILTIN_MODELS[name], cache_dir)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+        try:
+            tokenizer.save_pretrained(staging)
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def _check_safe_name(name: str) -> None:
     if not name or name.strip() != name:
         raise ModelNotFoundError(
@@ -191,7 +222,7 @@ def load_tokenizer(resolved: ResolvedModel, sources: ModelSources):
     try:
         tokenizer = AutoTokenizer.from_pretrained(resolved.path, **_hub_kwargs(resolved, sources))
     except OSError as exc:
-        raise ModelNotFoundError(f"could not load the tokenizer of {resolved.name!r}: {exc}", param="base_model") from exc
+        raise ModelNotFoundError(f"could not load the tokenizer of {resolved.name!r}: {_named(exc, resolved)}", param="base_model") from exc
     if not getattr(tokenizer, "is_fast", False):
         raise ModelNotFoundError(
             f"{resolved.name!r} has no fast (tokenizer.json) tokenizer; TIDE extends tokenizer.json "
@@ -207,4 +238,10 @@ def load_model(resolved: ResolvedModel, sources: ModelSources, *, dtype=None):
     try:
         return AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype or "auto", **_hub_kwargs(resolved, sources))
     except OSError as exc:
-        raise ModelNotFoundError(f"could not load the model {resolved.name!r}: {exc}", param="base_model") from exc
+        raise ModelNotFoundError(f"could not load the model {resolved.name!r}: {_named(exc, resolved)}", param="base_model") from exc
+
+
+def _named(exc: OSError, resolved: ResolvedModel) -> str:
+    """The loader's message with the model's folder written as the name it was asked for: the
+    message reaches the service's clients, the folder is the server's."""
+    return str(exc).replace(resolved.path, resolved.name)

@@ -1,4 +1,4 @@
-"""run(spec, callbacks) -> result: load -> (mine) -> extend -> init -> train -> evaluate -> publish.
+"""run(spec, callbacks) -> result: load -> (mine) -> extend -> init -> (generate) -> train -> evaluate -> publish.
 
 The CLI and the worker call only this. Everything the service needs goes through `callbacks`
 (stage changes, progress, events, warnings, the cancel check, a work folder for checkpoints).
@@ -21,7 +21,7 @@ from .models import ModelSources, load_model, load_tokenizer, resolve_model
 from .publish import check_output_dir, publish
 from .spec import Callbacks, ExtendSpec
 
-STAGES = ("load", "mine", "extend", "init", "train", "evaluate", "publish")
+STAGES = ("load", "mine", "extend", "init", "generate", "train", "evaluate", "publish")
 DEFAULT_SOURCES = ModelSources(cache_dir=Path.home() / ".cache" / "tide")
 
 
@@ -86,8 +86,9 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     sources = sources or DEFAULT_SOURCES
     validate_spec(spec)
     check_output_dir(spec.out_dir, force=spec.force)
+    corpus_documents = 0
     if spec.corpus_path is not None:
-        corpus_io.check_corpus(spec.corpus_path, text_field=spec.corpus_text_field)
+        corpus_documents, _bytes = corpus_io.check_corpus(spec.corpus_path, text_field=spec.corpus_text_field, label=_corpus_label(spec))
     stages = _Stages(callbacks)
     torch.manual_seed(spec.seed)
 
@@ -103,7 +104,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     # A Trainer checkpoint as the base: checked now (layout, optimizer kind), carried at publish.
     run_checkpoint = trainer_checkpoint(resolved.path, model) if resolved.kind in ("local", "models_dir") else None
 
-    vocabulary = new_vocabulary(spec, model, tokenizer, callbacks, stages)
+    vocabulary = new_vocabulary(spec, model, tokenizer, callbacks, stages, corpus_documents=corpus_documents)
     extended, mined, rows = vocabulary.extended, vocabulary.mined, vocabulary.rows
     tokenizer_report = extended.to_json()
     trained = vocabulary.trained
@@ -114,7 +115,9 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     general = load_general_text()
     held_out = _held_out_docs(spec)
     new_ids = [t.id for t in extended.new_tokens]
-    before = evaluate_model(model, tokenizer, held_out, general, max_bytes=spec.eval_max_bytes)
+    # Two passes over the same chunks (before, then after): one progress bar across both.
+    before = evaluate_model(model, tokenizer, held_out, general, max_bytes=spec.eval_max_bytes,
+                            on_progress=lambda done, total: callbacks.on_progress(done, 2 * total, {"unit": "chunks"}))
     calibration = _calibration_ids(tokenizer, general)
     init_report = apply_rows(
         model, rows, base_vocab_size=extended.base_vocab_size,
@@ -125,7 +128,8 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
             f"padding rows take up to {init_report['padding_probability_max']:.2e} of the probability "
             "on general text (limit 1e-4); generation_config.suppress_tokens lists them"
         )
-    after = evaluate_model(model, extended.tokenizer, held_out, general, new_token_ids=new_ids, max_bytes=spec.eval_max_bytes)
+    after = evaluate_model(model, extended.tokenizer, held_out, general, new_token_ids=new_ids, max_bytes=spec.eval_max_bytes,
+                           on_progress=lambda done, total: callbacks.on_progress(total + done, 2 * total, {"unit": "chunks"}))
     metrics = {
         "before": before,
         "after": after,
@@ -138,7 +142,8 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     stages.enter("publish")
     extension = {
         "base_model": {"name": spec.base_model, "source": resolved.kind},
-        "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force"}},
+        # corpus_path is where the file lay on the machine that ran the job: corpus_name says which corpus it was
+        "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force", "corpus_path"}},
         "init": "subword_mean",
         "trained_steps": steps_done,
         "vocab": {k: init_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
@@ -180,17 +185,18 @@ class NewVocabulary:
 
 
 def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, stages: "_Stages | None" = None,
-                   *, train_in_place: bool = False) -> NewVocabulary:
+                   *, train_in_place: bool = False, corpus_documents: int = 0) -> NewVocabulary:
     """The stages that make the new rows: mine or extend the tokenizer, init, train. Shared by
     `run` and by extending a live Trainer run (extension.live), which trains on the live model
     itself (`train_in_place`) instead of a device copy."""
     from .init import subword_mean_rows
+    from .train import build_training_data
 
     stages = stages or _Stages(callbacks)
     mined = None
     if spec.corpus_path is not None and not spec.terms:
         stages.enter("mine")
-        mined = _mine(spec, tokenizer, callbacks)
+        mined = _mine(spec, tokenizer, callbacks, corpus_documents)
         extended = mined.extended
     else:
         stages.enter("extend")
@@ -207,10 +213,18 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
     stages.enter("init")
     rows = subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
 
-    stages.enter("train")
     trained = None
-    if spec.steps > 0:
-        trained = _train(spec, model, extended, rows, callbacks, in_place=train_in_place)
+    if spec.steps > 0 and spec.corpus_path is None:
+        # Terms only: the base model first writes contexts for every term (minutes on a CPU),
+        # a stage of its own so a job never sits at "train 0/N" meanwhile.
+        stages.enter("generate")
+        objective = build_training_data(spec, model, extended, callbacks)
+        stages.enter("train")
+    else:
+        stages.enter("train")
+        objective = build_training_data(spec, model, extended, callbacks) if spec.steps > 0 else None
+    if objective is not None:
+        trained = _train(spec, model, extended, rows, objective, callbacks, in_place=train_in_place)
         rows = trained.rows
     return NewVocabulary(extended=extended, rows=rows, trained=trained, mined=mined)
 
@@ -224,13 +238,15 @@ def _extend(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
     return extended
 
 
-def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
+def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks, documents: int):
     from .mining import mine_terms
 
+    total = 2 * documents  # the two passes over the corpus: counting words, checking encodings
     mined = mine_terms(
         tokenizer, spec.corpus_path, max_new_tokens=spec.max_new_tokens,
         min_frequency=spec.min_frequency, text_field=spec.corpus_text_field,
-        should_cancel=callbacks.should_cancel,
+        should_cancel=callbacks.should_cancel, corpus_name=spec.corpus_name or "corpus",
+        on_progress=(lambda read: callbacks.on_progress(min(read, total - 1), total, {"unit": "documents"})) if total else None,
     )
     callbacks.on_event("mined_terms", mined.report)
     if mined.report.get("status") == "guarantee_failed" or not mined.found_terms:
@@ -238,12 +254,12 @@ def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
     return mined
 
 
-def _train(spec: ExtendSpec, model, extended, rows, callbacks: Callbacks, *, in_place: bool = False):
+def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callbacks, *, in_place: bool = False):
+    """Train the new rows on `objective` (built from the plain base model, before attaching)."""
     from .rows import attach
-    from .train import TrainConfig, build_training_data, run_identity, train_rows, training_model
+    from .train import TrainConfig, run_identity, train_rows, training_model
 
     identity = run_identity(model, extended)
-    objective = build_training_data(spec, model, extended, callbacks)  # before attaching: it may generate
     # On a GPU this is a bf16 copy; the trained fp32 rows go back into the original model.
     trained = model if in_place else training_model(model)
     adapter = attach(trained, extended.base_vocab_size, rows, pad_to_multiple_of=spec.pad_to_multiple_of)
@@ -256,7 +272,11 @@ def _train(spec: ExtendSpec, model, extended, rows, callbacks: Callbacks, *, in_
 def _held_out_docs(spec: ExtendSpec) -> list[str]:
     if spec.corpus_path is None:
         return []
-    return list(corpus_io.held_out_documents(spec.corpus_path, text_field=spec.corpus_text_field))
+    return list(corpus_io.held_out_documents(spec.corpus_path, text_field=spec.corpus_text_field, label=_corpus_label(spec)))
+
+
+def _corpus_label(spec: ExtendSpec) -> str:
+    return f"corpus {spec.corpus_name!r}" if spec.corpus_name else "the corpus"
 
 
 def _calibration_ids(tokenizer, general) -> torch.Tensor | None:

@@ -23,6 +23,9 @@ ExtendSpec = make_dataclass(
         ("out_dir", Path),
         ("terms", "list[str] | None", field(default=None)),
         ("corpus_path", "Path | None", field(default=None)),
+        # How messages and reports name the corpus: the name its owner gave it (the CLI: the path
+        # as typed). None: "the corpus" — never the file's own name, which may be a server's.
+        ("corpus_name", "str | None", field(default=None)),
         *[(option.name, option.kind, field(default=option.default)) for option in OPTIONS],
         ("allow_local_paths", bool, field(default=True)),  # the CLI; the service sets False
         ("force", bool, field(default=False)),  # replace an existing out_dir
@@ -40,8 +43,11 @@ def _noop(*_args, **_kwargs):
 class Callbacks:
     """Everything the pipeline tells its caller. All optional; defaults do nothing.
 
-    on_stage(name)                      a stage starts: load, mine, extend, init, train, evaluate, publish
-    on_progress(step, total, metrics)   training progress (loss, tokens_per_s, lr)
+    on_stage(name)                      a stage starts: load, mine, extend, init, generate, train, evaluate, publish
+    on_progress(step, total, metrics)   progress within the current stage: training steps (metrics: loss,
+                                        tokens_per_s, lr), corpus documents read while mining,
+                                        generated contexts and scored evaluation chunks
+                                        (metrics: {"unit": "documents" | "contexts" | "chunks"})
     on_event(kind, payload)             anything worth recording (metrics, mined terms, reports)
     on_warning(message)                 something the user should read but that did not stop the job
     should_cancel() -> bool             polled between steps; True stops the job (JobCancelled)

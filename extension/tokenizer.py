@@ -150,6 +150,10 @@ def _bad_character(term: str) -> str | None:
     for char in term:
         if unicodedata.category(char) in _FORBIDDEN_CATEGORIES:
             return f"U+{ord(char):04X}"
+        # Bidi embeddings/overrides/isolates and zero-width characters: invisible, they make a
+        # term display as a different text (or reorder the text around it).
+        if char in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200b\u200c\u200d\ufeff\u2060":
+            return f"U+{ord(char):04X} ({unicodedata.name(char).lower()}: invisible, it makes the term display as another text)"
     return None
 
 

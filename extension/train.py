@@ -230,7 +230,8 @@ def _resume(path: Path | None, key: dict, adapter, optimizer, callbacks: Callbac
         for param, saved_param in zip(adapter.parameters(), state["params"]):
             param.copy_(saved_param)
     optimizer.load_state_dict(state["optimizer"])
-    callbacks.on_event("train_resumed", {"step": state["step"]})
+    # The checkpoint's name, never its path: events reach the service's clients.
+    callbacks.on_event("train_resumed", {"step": state["step"], "checkpoint": path.name})
     return state["step"], list(state["history"])
 
 
@@ -378,7 +379,8 @@ def build_training_data(spec, model, extended, callbacks: Callbacks | None = Non
     from .distill import terms_objective as build
 
     return build(model, extended, config, objective=terms_objective, work_dir=callbacks.work_dir,
-                 should_cancel=callbacks.should_cancel)
+                 should_cancel=callbacks.should_cancel,
+                 on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "contexts"}))
 
 
 # -- devices ----------------------------------------------------------------------------------

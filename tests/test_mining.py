@@ -175,7 +175,10 @@ def test_mining_is_deterministic_and_jsonl_matches_text(smollm2_tokenizer, foldo
     jsonl_path = tmp_path / "slice.jsonl"
     jsonl_path.write_text("".join(json.dumps({"id": i, "body": d}) + "\n" for i, d in enumerate(docs)), encoding="utf-8")
     first = mine_terms(smollm2_tokenizer, text_path, max_new_tokens=80)
-    again = mine_terms(smollm2_tokenizer, text_path, max_new_tokens=80)
+    heard: list[int] = []
+    again = mine_terms(smollm2_tokenizer, text_path, max_new_tokens=80, corpus_name="notes.txt", on_progress=heard.append)
+    # progress: documents read by both passes (counting, then checking), every 256
+    assert heard == list(range(256, 2 * 2000 + 1, 256)) and again.report["source"]["file"] == "notes.txt"
     from_jsonl = mine_terms(smollm2_tokenizer, jsonl_path, max_new_tokens=80, text_field="body")
     assert len(first.merges) == 80
     assert first.merges == again.merges == from_jsonl.merges

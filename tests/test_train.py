@@ -273,6 +273,15 @@ def test_generated_contexts_are_seeded_and_cached(smollm2_extended, tiny_49k, tm
     assert generate_texts(tiny_49k, smollm2_extended, per_term=2, max_new_tokens=6, seed=1) == first
 
 
+def test_generation_reports_its_progress(smollm2_extended, tiny_49k):
+    from extension.distill import generate_texts
+
+    heard: list[tuple[int, int]] = []
+    texts = generate_texts(tiny_49k, smollm2_extended, per_term=3, max_new_tokens=4, seed=1, batch_size=4,
+                           on_progress=lambda done, total: heard.append((done, total)))
+    assert len(texts) == 6 and heard == [(0, 6), (4, 6), (6, 6)]
+
+
 @pytest.mark.parametrize("objective", ["distill", "lm"])
 def test_terms_objectives_train(smollm2_extended, tiny_49k, objective):
     from extension.distill import TermContextObjective

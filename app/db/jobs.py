@@ -139,9 +139,15 @@ def read_cancel(sessions: sessionmaker[Session], claim_: Claim) -> tuple[bool, b
 
 
 def update_owned(sessions: sessionmaker[Session], claim_: Claim, events: list[tuple[str, dict]] = (), **values: Any) -> bool:
-    """Write fields of a job we hold (stage, progress, metrics), plus events, in one transaction."""
+    """Write fields of a job we hold (stage, progress, metrics), plus events, in one transaction.
+
+    Progress counts within a stage (training steps, generated contexts, scored chunks): a new
+    stage starts at 0 of 0 until it reports, so the last stage's count never shows under its name."""
     with sessions() as session:
         values["updated_at"] = utcnow()
+        if "stage" in values:
+            values.setdefault("progress_step", 0)
+            values.setdefault("progress_total", 0)
         result = session.execute(
             update(Job).where(_owned(claim_.job_id, claim_.token)).values(**values).execution_options(synchronize_session=False)
         )

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.responses import FileResponse
 
 from ..db.models import Job
 from ..deps import KeyDep, SessionsDep, SettingsDep
+from ..ranges import Download
 from ..errors import ApiError
-from ..schemas import Archive, ArtifactFile, Artifacts
+from ..schemas import Archive, ArtifactFile, Artifacts, ErrorResponse
 from ..storage import archive_path, model_dir
 from .jobs import owned_job
 from . import AUTH_ERRORS, CONFLICT, GONE, NOT_FOUND
@@ -18,7 +18,7 @@ router = APIRouter(tags=["artifacts"], responses={**AUTH_ERRORS, **NOT_FOUND, **
 _DOWNLOAD = {
     200: {"content": {"application/octet-stream": {}}, "description": "The file"},
     206: {"content": {"application/octet-stream": {}}, "description": "The requested byte range"},
-    416: {"description": "The Range lies outside the file"},
+    416: {"model": ErrorResponse, "description": "The Range starts past the end of the file (an unparseable Range is ignored: 200, whole file)"},
 }
 
 
@@ -49,24 +49,24 @@ def artifacts(job_id: str, sessions: SessionsDep, key: KeyDep) -> Artifacts:
 
 @router.get(
     "/jobs/{job_id}/artifacts/{path:path}",
-    response_class=FileResponse,
+    response_class=Download,
     summary="One file of the published model (supports Range)",
     responses=_DOWNLOAD,
 )
-def artifact_file(job_id: str, path: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> FileResponse:
+def artifact_file(job_id: str, path: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> Download:
     job = _published(sessions, key, job_id)
     # Only paths the manifest lists: no way to name anything else on disk.
     if path not in {f["path"] for f in job.manifest or []}:
         raise ApiError(404, "not_found", f"job {job_id} has no artifact {path!r}; GET /jobs/{job_id}/artifacts lists them", "path")
-    return FileResponse(model_dir(settings, job.id) / path, filename=path.rsplit("/", 1)[-1], media_type="application/octet-stream")
+    return Download(model_dir(settings, job.id) / path, filename=path.rsplit("/", 1)[-1], media_type="application/octet-stream")
 
 
 @router.get(
     "/jobs/{job_id}/archive",
-    response_class=FileResponse,
+    response_class=Download,
     summary="The whole model as one .tar (supports Range, so a broken download resumes with curl -C -)",
     responses=_DOWNLOAD,
 )
-def archive(job_id: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> FileResponse:
+def archive(job_id: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> Download:
     job = _published(sessions, key, job_id)
-    return FileResponse(archive_path(settings, job.id), filename=_archive_name(job), media_type="application/x-tar")
+    return Download(archive_path(settings, job.id), filename=_archive_name(job), media_type="application/x-tar")

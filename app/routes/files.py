@@ -49,8 +49,10 @@ _UPLOAD_BODY = {
     openapi_extra=_UPLOAD_BODY,
     responses={
         **INVALID,
+        408: {"model": ErrorResponse, "description": "The body stopped arriving for TIDE_REQUEST_BODY_TIMEOUT_S"},
         413: {"model": ErrorResponse, "description": "Larger than TIDE_MAX_UPLOAD_BYTES"},
         415: {"model": ErrorResponse, "description": "Not multipart/form-data"},
+        507: {"model": ErrorResponse, "description": "The server's disk filled up while storing it (nothing kept)"},
     },
 )
 async def upload(request: Request, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> FileObject:
@@ -60,12 +62,14 @@ async def upload(request: Request, sessions: SessionsDep, key: KeyDep, settings:
     jsonl = received.filename.lower().endswith((".jsonl", ".ndjson"))
     text_field = received.fields.get("text_field") or "text"
     try:
-        documents, _size = await run_in_threadpool(check_corpus, partial, fmt=CorpusFormat(jsonl=jsonl, text_field=text_field))
+        documents, _size = await run_in_threadpool(
+            check_corpus, partial, fmt=CorpusFormat(jsonl=jsonl, text_field=text_field), label=f"upload {received.filename!r}"
+        )
     except InvalidCorpusError as exc:
-        partial.unlink(missing_ok=True)
-        raise ApiError(422, exc.code, exc.message.replace(f"corpus {partial.name}", f"upload {received.filename!r}"), "file") from None
+        await run_in_threadpool(partial.unlink, missing_ok=True)
+        raise ApiError(422, exc.code, exc.message, "file") from None
     final = upload_path(settings, file_id, ".jsonl" if jsonl else ".txt")
-    os.replace(partial, final)
+    await run_in_threadpool(os.replace, partial, final)
     stored = StoredFile(
         id=file_id, owner_id=key.id, filename=received.filename[:255], path=str(final), bytes=received.bytes,
         sha256=received.sha256, documents=documents, source="upload",

@@ -11,9 +11,9 @@ from sqlalchemy import delete, select
 
 from ..db.jobs import add_event, request_cancel
 from ..db.models import Event, Job, StoredFile, utcnow
-from ..deps import KeyDep, SessionsDep, SettingsDep, get_queue
+from ..deps import KeyDep, SessionsDep, SettingsDep, get_base_tokenizers, get_queue
 from ..errors import ApiError
-from ..schemas import EventList, ExtendRequest, JobList, JobStatus
+from ..schemas import ErrorResponse, EventList, ExtendRequest, JobList, JobStatus
 from ..schemas import Event as EventOut
 from ..schemas import Job as JobOut
 from ..storage import job_artifacts_dir, job_work_dir, remove_tree
@@ -23,6 +23,7 @@ from . import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
 
 router = APIRouter(tags=["jobs"], responses={**AUTH_ERRORS, **INVALID})
 log = logging.getLogger("tide.api")
+_MAX_CURSOR = 2**63 - 1  # job sequence numbers are 64-bit integers in every database
 
 
 def owned_job(db, key, job_id: str) -> Job:
@@ -51,7 +52,12 @@ def enqueue(db, queue, job: Job) -> None:
     status_code=202,
     response_model=JobOut,
     summary="Start a job: extend a model's vocabulary with new terms",
-    responses={202: {"description": "Accepted; poll the Location", "headers": {"Location": {"schema": {"type": "string"}, "description": "The job's URL"}}}, **CONFLICT},
+    responses={
+        202: {"description": "Accepted; poll the Location", "headers": {"Location": {"schema": {"type": "string"}, "description": "The job's URL"}}},
+        **CONFLICT,
+        408: {"model": ErrorResponse, "description": "The body stopped arriving for TIDE_REQUEST_BODY_TIMEOUT_S"},
+        413: {"model": ErrorResponse, "description": "The body is larger than TIDE_MAX_REQUEST_BODY_BYTES"},
+    },
 )
 def extend(
     body: ExtendRequest,
@@ -60,10 +66,11 @@ def extend(
     key: KeyDep,
     settings: SettingsDep,
     queue=Depends(get_queue),
+    tokenizers=Depends(get_base_tokenizers),
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", description="Retrying with the same key returns the same job")] = None,
 ) -> JobOut:
     with sessions() as db:
-        job, created = submit(db, key, body, settings, idempotency_key)
+        job, created = submit(db, key, body, settings, idempotency_key, tokenizers)
         if created:
             enqueue(db, queue, job)
         else:
@@ -82,8 +89,14 @@ def list_jobs(
 ) -> JobList:
     query = select(Job).where(Job.owner_id == key.id)
     if cursor is not None:
-        if not cursor.isdigit():
-            raise ApiError(422, "invalid_request", "cursor must be the next_cursor value of a previous page", "cursor")
+        # isdigit() alone lets through digits the database cannot hold (20 nines overflow a
+        # 64-bit integer) and non-ASCII digits int() refuses.
+        if not (cursor.isascii() and cursor.isdigit()) or int(cursor) > _MAX_CURSOR:
+            raise ApiError(
+                422, "invalid_request",
+                f"cursor {cursor[:20]!r} is not a page cursor; pass the next_cursor value of the previous page, or leave cursor out for the first page",
+                "cursor",
+            )
         query = query.where(Job.seq < int(cursor))
     if status is not None:
         query = query.where(Job.status == status)

@@ -38,15 +38,26 @@ def mine_terms(
     text_field: str = "text",
     filters: MiningFilters | None = None,
     should_cancel: Callable[[], bool] | None = None,
+    corpus_name: str | None = None,
+    on_progress: Callable[[int], None] | None = None,
 ) -> MiningResult:
-    """Mine a corpus file (UTF-8 text, documents separated by blank lines, or JSONL)."""
+    """Mine a corpus file (UTF-8 text, documents separated by blank lines, or JSONL).
+    `corpus_name` is how the report names it (default: the file's name). `on_progress(read)`
+    hears how many documents the passes over the file have read so far, all passes together
+    (two: counting words, then checking every document's encoding; more only after a repair)."""
     path = Path(corpus_path)
+    read = 0
 
     def documents() -> Iterator[str]:
-        return iter_documents(path, text_field=text_field)
+        nonlocal read
+        for document in iter_documents(path, text_field=text_field):
+            yield document
+            read += 1
+            if on_progress is not None and read % 256 == 0:
+                on_progress(read)
 
     return _mine(
-        tokenizer, documents, source={"file": path.name, "text_field": text_field},
+        tokenizer, documents, source={"file": path.name if corpus_name is None else corpus_name, "text_field": text_field},
         max_new_tokens=max_new_tokens, min_frequency=min_frequency,
         filters=filters or MiningFilters(), should_cancel=should_cancel, param="corpus",
     )

