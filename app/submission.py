@@ -22,6 +22,7 @@ from extension.models import BUILTIN_MODELS, resolve_model
 from .db.jobs import add_event, new_job_id
 from .db.models import ApiKey, Job, StoredFile
 from .errors import ApiError
+from .quotas import check_new_job
 from .schemas import ExtendRequest
 from .settings import Settings
 from .storage import upload_path
@@ -116,6 +117,7 @@ def submit(db: Session, key: ApiKey, request: ExtendRequest, settings: Settings,
     if previous is not None:
         return _replay(previous, request_hash), False
 
+    check_new_job(db, key, settings)
     _check_limits(request, settings)
     try:
         check_base_model(request.base_model, settings)

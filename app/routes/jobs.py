@@ -19,7 +19,7 @@ from ..schemas import Job as JobOut
 from ..storage import job_artifacts_dir, job_work_dir, remove_tree
 from ..submission import submit
 from ..views import job_view
-from . import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
+from . import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND, STORAGE_FULL, TOO_MANY_JOBS
 
 router = APIRouter(tags=["jobs"], responses={**AUTH_ERRORS, **INVALID})
 log = logging.getLogger("tide.api")
@@ -51,7 +51,10 @@ def enqueue(db, queue, job: Job) -> None:
     status_code=202,
     response_model=JobOut,
     summary="Start a job: extend a model's vocabulary with new terms",
-    responses={202: {"description": "Accepted; poll the Location", "headers": {"Location": {"schema": {"type": "string"}, "description": "The job's URL"}}}, **CONFLICT},
+    responses={
+        202: {"description": "Accepted; poll the Location", "headers": {"Location": {"schema": {"type": "string"}, "description": "The job's URL"}}},
+        **CONFLICT, **TOO_MANY_JOBS, **STORAGE_FULL,
+    },
 )
 def extend(
     body: ExtendRequest,
