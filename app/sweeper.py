@@ -66,6 +66,9 @@ def sweep(settings: Settings, sessions: sessionmaker[Session], queue) -> dict[st
                 continue
             outcome = release_lost_worker(db, job, settings.max_attempts)
             if outcome == "failed":
+                # nobody will resume it: its checkpoints and any half-published files go now
+                remove_tree(job_work_dir(settings, job.id))
+                remove_tree(job_artifacts_dir(settings, job.id))
                 counts["failed_attempts"] += 1
             elif outcome == "queued":
                 counts["worker_lost"] += 1

@@ -276,7 +276,7 @@ def _run_claimed(sessions, claim: Claim, settings: Settings, heartbeat: Heartbea
 
 _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _DISK_FULL_TEXTS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))  # safetensors only says it in words
-_NEARLY_FULL_BYTES = 4 * 1024 * 1024
+_NEARLY_FULL_BYTES = 1024 * 1024  # or 1% of a smaller disk
 
 
 def _disk_full(exc: BaseException, settings: Settings, job_id: str, *, by_free_space: bool = True) -> bool:
@@ -294,10 +294,11 @@ def _disk_full(exc: BaseException, settings: Settings, job_id: str, *, by_free_s
         return False
     for folder in (job_artifacts_dir(settings, job_id), job_work_dir(settings, job_id)):
         try:
-            if shutil.disk_usage(folder).free < _NEARLY_FULL_BYTES:
-                return True
+            usage = shutil.disk_usage(folder)
         except FileNotFoundError:
             continue
+        if usage.free < min(_NEARLY_FULL_BYTES, usage.total // 100):
+            return True
     return False
 
 

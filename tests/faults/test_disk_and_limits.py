@@ -18,17 +18,44 @@ import pytest
 from .conftest import QUICK_EVAL, SHORT, TINY_MODEL, open_service
 
 
-@pytest.fixture()
-def small_disk(tmp_path):
-    mount = tmp_path / "small-disk"
+def _mount_tmpfs(mount, size: str):
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1600k,mode=0755", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(mount)], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.fail(f"the full-disk test mounts a 1.6 MB tmpfs and needs root (or CAP_SYS_ADMIN) for it: {done.stderr}", pytrace=False)
+        pytest.fail(f"the full-disk tests mount a small tmpfs and need root (or CAP_SYS_ADMIN) for it: {done.stderr}", pytrace=False)
     try:
         yield mount
     finally:
         subprocess.run(["umount", "--lazy", str(mount)], check=True)
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    yield from _mount_tmpfs(tmp_path / "small-disk", "1600k")
+
+
+@pytest.fixture()
+def tiny_disk(tmp_path):
+    yield from _mount_tmpfs(tmp_path / "tiny-disk", "8k")
+
+
+def test_a_checkpoint_that_hits_a_full_disk_is_recognised_though_torch_does_not_say_so(fault_settings, tiny_disk):
+    """torch.save reports ENOSPC only as "unexpected pos"; the worker tells it by the disk it left
+    full. A real torch.save on a real 8 kB tmpfs, and the same error text on a roomy disk."""
+    import torch
+
+    from worker.runner import _disk_full
+
+    settings = fault_settings.model_copy(update={"work_dir": tiny_disk})
+    (tiny_disk / "job_x").mkdir()
+    with pytest.raises(RuntimeError) as raised:
+        torch.save({"rows": torch.zeros(10_000)}, tiny_disk / "job_x" / "rows_checkpoint.pt")
+    assert "No space" not in str(raised.value) and getattr(raised.value, "errno", None) is None
+    assert _disk_full(raised.value, settings, "job_x")
+    roomy = fault_settings.model_copy(update={"work_dir": fault_settings.data_dir / "work"})
+    (roomy.work_dir / "job_x").mkdir(parents=True)
+    assert not _disk_full(raised.value, roomy, "job_x")
+    assert not _disk_full(raised.value, settings, "job_x", by_free_space=False)  # a failing request is judged by its error alone
 
 
 def _download_in_two_ranges(service, job: dict) -> bytes:
