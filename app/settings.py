@@ -90,8 +90,8 @@ class Settings(BaseSettings):
     requeue_after_s: float = Field(
         60.0,
         gt=0,
-        description="A queued job whose message the broker no longer holds this many seconds after it was sent (Redis "
-        "restarted without persistence, or evicted it) is sent again",
+        description="A queued job whose message has been missing from its queue this many seconds (Redis restarted "
+        "without persistence, or evicted it) is sent again; jobs sent more recently are not looked at",
     )
     max_requeues: int = Field(
         3, ge=0, description="How often a lost queue message of one job is sent again before the job fails with queue_message_lost"

@@ -5,7 +5,8 @@ nothing stays running forever, nothing stays forever.
 - queued jobs whose message the broker no longer holds (Redis restarted without persistence or
   evicted it, or a worker took it and vanished before starting it) are sent again, at most
   `max_requeues` times, then fail with queue_message_lost; a job no worker has started within
-  `max_queued_hours` fails with queue_timeout;
+  `max_queued_hours` fails with queue_timeout. A message counts as lost once sweeps have found
+  it missing for `requeue_after_s`: a worker that has just taken one claims its job within seconds;
 - a running job whose lease expired (its worker died) is marked worker_lost and queued again:
   the next worker resumes it from its checkpoint, and after `max_attempts` it fails; a job that
   was being cancelled when its worker died is simply marked cancelled;
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -35,7 +37,15 @@ _UNSENT_GRACE = timedelta(seconds=5)
 REQUEUED = "requeued"
 
 
-def sweep(settings: Settings, sessions: sessionmaker[Session], queue) -> dict[str, int]:
+@dataclass
+class SweepMemory:
+    """What one sweep leaves the next: queued jobs whose message was missing -> (the send time
+    seen then, when it was first found missing)."""
+
+    missing: dict[str, tuple[datetime, datetime]] = field(default_factory=dict)
+
+
+def sweep(settings: Settings, sessions: sessionmaker[Session], queue, memory: SweepMemory) -> dict[str, int]:
     now = utcnow()
     counts = {
         "resent": 0, "requeued": 0, "undeliverable": 0, "queue_timeout": 0, "worker_lost": 0,
@@ -47,7 +57,7 @@ def sweep(settings: Settings, sessions: sessionmaker[Session], queue) -> dict[st
             if _send(db, queue, job_id, base_model):
                 counts["resent"] += 1
 
-        _recover_lost_messages(db, settings, queue, now, counts)
+        _recover_lost_messages(db, settings, queue, memory, now, counts)
         _fail_unstarted(db, settings, now, counts)
 
         dead = select(Job).where(Job.status.in_(("running", "cancelling")), Job.lease_expires_at < now)
@@ -96,13 +106,14 @@ def sweep(settings: Settings, sessions: sessionmaker[Session], queue) -> dict[st
     return counts
 
 
-def _recover_lost_messages(db: Session, settings: Settings, queue, now: datetime, counts: dict[str, int]) -> None:
-    """Queued jobs sent at least `requeue_after_s` ago whose message is no longer in their queue."""
+def _recover_lost_messages(db: Session, settings: Settings, queue, memory: SweepMemory, now: datetime, counts: dict[str, int]) -> None:
+    """Queued jobs whose message has been missing from their queue for `requeue_after_s`."""
     stale = db.execute(
         select(Job.id, Job.base_model, Job.enqueued_at).where(
             Job.status == "queued", Job.enqueued_at < now - timedelta(seconds=settings.requeue_after_s)
         )
     ).all()
+    missing_before, memory.missing = memory.missing, {}
     by_queue: dict[str, list] = defaultdict(list)
     for row in stale:
         by_queue[settings.queue_for(row.base_model)].append(row)
@@ -115,6 +126,12 @@ def _recover_lost_messages(db: Session, settings: Settings, queue, now: datetime
         for row in rows:
             if row.id in waiting:
                 continue  # waiting behind other jobs: nothing is lost
+            sent_at, missing_since = missing_before.get(row.id, (None, now))
+            if sent_at != row.enqueued_at:  # first seen missing (or sent again since)
+                missing_since = now
+            if now - missing_since < timedelta(seconds=settings.requeue_after_s):
+                memory.missing[row.id] = (row.enqueued_at, missing_since)  # perhaps just taken by a worker
+                continue
             lost_before = db.scalar(select(func.count()).select_from(Event).where(Event.job_id == row.id, Event.kind == REQUEUED))
             if lost_before >= settings.max_requeues:
                 if finish_unowned(db, row.id, "failed", _lost_message_error(lost_before + 1), "queued"):

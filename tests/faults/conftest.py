@@ -155,7 +155,7 @@ def fault_settings(tmp_path, redis_server, tiny_model_dir):
         queue=f"tide-faults-{uuid.uuid4().hex[:8]}",
         lease_s=3,
         sweep_interval_s=0.5,
-        requeue_after_s=2.0,
+        requeue_after_s=3.0,  # longer than a loaded machine takes from a worker's taking a message to its claim
         cancel_poll_s=0.2,
         worker_nice=0,
         readyz_timeout_s=1.0,
