@@ -70,6 +70,8 @@ def _download_in_two_ranges(service, job: dict) -> bytes:
 
 
 def test_a_full_disk_fails_the_one_job_cleanly_and_the_next_job_runs(fault_settings, small_disk):
+    """Honest because the disk is really full: a kernel tmpfs of 1.6 MB answers the real worker's
+    writes with ENOSPC (here safetensors saving the adapter), as any full volume would."""
     settings = fault_settings.model_copy(update={
         "artifacts_dir": small_disk / "artifacts", "work_dir": small_disk / "work",
         "max_stored_bytes_per_key": 100_000,  # smaller than one finished tiny model
