@@ -58,7 +58,7 @@ class Settings(BaseSettings):
         4, ge=1, description="Most jobs one API key may have queued or running at once; POST /extend answers 429 beyond it"
     )
     max_stored_bytes_per_key: int = Field(
-        20 * 1024**3,
+        20_000_000_000,
         ge=1,
         description="Most bytes of finished models and uploaded corpora one API key may keep on the server; "
         "POST /extend and POST /files answer 507 once it is reached",
