@@ -18,7 +18,7 @@ from .queue import JobQueue
 from .routes import artifacts, files, health, jobs, models
 from .settings import Settings, get_settings
 from .storage import ensure_dirs
-from .sweeper import sweep
+from .sweeper import SweepMemory, sweep
 
 log = logging.getLogger("tide.api")
 
@@ -35,9 +35,10 @@ Every error has the shape `{"error": {"code", "message", "param"}}`.
 
 async def _sweep_forever(app: FastAPI) -> None:
     settings: Settings = app.state.settings
+    memory = SweepMemory()
     while True:
         try:
-            await run_in_threadpool(sweep, settings, app.state.sessions, app.state.queue)
+            await run_in_threadpool(sweep, settings, app.state.sessions, app.state.queue, memory)
         except Exception:
             log.exception("sweep failed; trying again in %.0f s", settings.sweep_interval_s)
         await asyncio.sleep(settings.sweep_interval_s)

@@ -1,6 +1,8 @@
-"""The API's side of the job queue: send a job id, count the workers listening."""
+"""The API's side of the job queue: send a job id, see which job ids wait, count the workers."""
 
 from __future__ import annotations
+
+import json
 
 import redis
 
@@ -18,6 +20,24 @@ class JobQueue:
         from worker.celery_app import TASK_NAME
 
         self.celery.send_task(TASK_NAME, args=[job_id], queue=self.settings.queue_for(base_model))
+
+    def waiting_job_ids(self, queue: str) -> set[str]:
+        """Job ids whose messages wait in this queue, not yet taken by a worker.
+
+        Redis keeps them in a list named after the queue (TIDE never sets a message priority, so
+        kombu's per-priority lists stay empty); each one is decoded by kombu itself. A message a
+        worker has taken (running, or a worker that died holding it) is not in the list."""
+        with self.celery.connection_for_read() as connection:
+            channel = connection.default_channel
+            job_ids = set()
+            for raw in channel.client.lrange(queue, 0, -1):
+                try:
+                    args = channel.Message(json.loads(raw), channel=channel).decode()[0]
+                except Exception:  # not a message of ours (someone else wrote to the queue's list): not a job
+                    continue
+                if args:
+                    job_ids.add(str(args[0]))
+            return job_ids
 
     def ping_redis(self) -> None:
         client = redis.Redis.from_url(self.settings.redis_url, socket_timeout=self.settings.readyz_timeout_s, socket_connect_timeout=self.settings.readyz_timeout_s)

@@ -66,6 +66,15 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Longest wait for the next piece of a request body, in seconds; a client that stalls longer "
         "gets 408 and its connection is closed"
     )
+    max_active_jobs_per_key: int = Field(
+        4, ge=1, description="Most jobs one API key may have queued or running at once; POST /extend answers 429 beyond it"
+    )
+    max_stored_bytes_per_key: int = Field(
+        20_000_000_000,
+        ge=1,
+        description="Most bytes of finished models and uploaded corpora one API key may keep on the server; "
+        "POST /extend and POST /files answer 507 once it is reached",
+    )
 
     # job lifecycle
     job_time_limit_s: int = Field(
@@ -75,14 +84,35 @@ class Settings(BaseSettings):
         3, ge=1, description="How many times a job is started (first run plus takeovers after a worker died) before it fails"
     )
     lease_s: int = Field(
-        60, ge=3, description="Heartbeat lease in seconds: a running job whose lease is older is taken over by its redelivered message"
+        20,
+        ge=3,
+        description="Heartbeat lease in seconds, renewed every third of it: a running job whose lease is older is marked "
+        "worker_lost and queued again (benchmarks/results/worker_loss.md measures the choice)",
     )
     cancel_poll_s: float = Field(1.0, gt=0, description="How often a running job re-reads its cancel flag, in seconds")
     artifact_ttl_hours: float = Field(
         7 * 24, gt=0, description="Hours after a job finishes before its artifacts (and its upload files) are deleted"
     )
     sweep_interval_s: float = Field(
-        60.0, gt=0, description="How often the API expires old artifacts and re-sends jobs whose worker vanished, in seconds"
+        5.0,
+        gt=0,
+        description="How often the API re-sends jobs whose worker vanished or whose queue message was lost, and expires "
+        "old artifacts, in seconds",
+    )
+    requeue_after_s: float = Field(
+        60.0,
+        gt=0,
+        description="A queued job whose message has been missing from its queue this many seconds (Redis restarted "
+        "without persistence, or evicted it) is sent again; jobs sent more recently are not looked at",
+    )
+    max_requeues: int = Field(
+        3, ge=0, description="How often a lost queue message of one job is sent again before the job fails with queue_message_lost"
+    )
+    max_queued_hours: float = Field(
+        72.0,
+        gt=0,
+        description="A job that no worker has started this many hours after it was queued fails with queue_timeout "
+        "(its queue may have no worker)",
     )
 
     # worker process

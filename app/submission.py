@@ -24,6 +24,7 @@ from .base_tokenizers import BaseTokenizers
 from .db.jobs import add_event, new_job_id
 from .db.models import ApiKey, Job, StoredFile
 from .errors import ApiError
+from .quotas import check_new_job
 from .schemas import ExtendRequest
 from .settings import Settings
 from .storage import upload_path
@@ -148,6 +149,7 @@ def submit(
     if previous is not None:
         return _replay(previous, request_hash), False
 
+    check_new_job(db, key, settings)
     _check_limits(request, settings)
     try:
         check_base_model(request.base_model, settings)

@@ -1,40 +1,64 @@
-"""Periodic housekeeping, run by the API: nothing stays running forever, nothing stays forever.
+"""Periodic housekeeping, run by the API: every job reaches a worker or fails with a reason,
+nothing stays running forever, nothing stays forever.
 
 - queued jobs that never reached the queue (Redis was down at submit) are sent again;
-- a job whose lease expired (its worker died) is sent again, once per expiry: the task's claim
-  then takes it over and resumes, or fails it after the last attempt; a job that was being
-  cancelled when its worker died is simply marked cancelled;
+- queued jobs whose message the broker no longer holds (Redis restarted without persistence or
+  evicted it, or a worker took it and vanished before starting it) are sent again, at most
+  `max_requeues` times, then fail with queue_message_lost; a job no worker has started within
+  `max_queued_hours` fails with queue_timeout. A message counts as lost once sweeps have found
+  it missing for `requeue_after_s`: a worker that has just taken one claims its job within seconds;
+- a running job whose lease expired (its worker died) is marked worker_lost and queued again:
+  the next worker resumes it from its checkpoint, and after `max_attempts` it fails; a job that
+  was being cancelled when its worker died is simply marked cancelled;
 - artifacts, work folders and uploads older than the TTL are deleted.
-Every step is a conditional update, so two API replicas sweeping at once do no harm.
+Every step is a conditional update, so two API replicas sweeping at once do no harm, and a
+duplicate message is harmless: the worker's claim runs a job once.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from .db.jobs import add_event
-from .db.models import TERMINAL, Job, StoredFile, utcnow
+from .db.jobs import add_event, finish_unowned, release_lost_worker
+from .db.models import TERMINAL, Event, Job, StoredFile, utcnow
 from .settings import Settings
 from .storage import job_artifacts_dir, job_work_dir, remove_tree
 
 log = logging.getLogger("tide.sweeper")
 
 _UNSENT_GRACE = timedelta(seconds=5)
+REQUEUED = "requeued"
 
 
-def sweep(settings: Settings, sessions: sessionmaker[Session], queue) -> dict[str, int]:
+@dataclass
+class SweepMemory:
+    """What one sweep leaves the next: queued jobs whose message was missing -> (the send time
+    seen then, when it was first found missing)."""
+
+    missing: dict[str, tuple[datetime, datetime]] = field(default_factory=dict)
+
+
+def sweep(settings: Settings, sessions: sessionmaker[Session], queue, memory: SweepMemory) -> dict[str, int]:
     now = utcnow()
-    counts = {"resent": 0, "taken_over": 0, "cancelled": 0, "expired": 0, "uploads_deleted": 0}
+    counts = {
+        "resent": 0, "requeued": 0, "undeliverable": 0, "queue_timeout": 0, "worker_lost": 0,
+        "failed_attempts": 0, "cancelled": 0, "expired": 0, "uploads_deleted": 0,
+    }
     with sessions() as db:
         unsent = db.execute(select(Job.id, Job.base_model).where(Job.status == "queued", Job.enqueued_at.is_(None), Job.created_at < now - _UNSENT_GRACE))
         for job_id, base_model in list(unsent):
             if _send(db, queue, job_id, base_model):
                 counts["resent"] += 1
+
+        _recover_lost_messages(db, settings, queue, memory, now, counts)
+        _fail_unstarted(db, settings, now, counts)
 
         dead = select(Job).where(Job.status.in_(("running", "cancelling")), Job.lease_expires_at < now)
         for job in list(db.scalars(dead)):
@@ -49,9 +73,16 @@ def sweep(settings: Settings, sessions: sessionmaker[Session], queue) -> dict[st
                     add_event(db, job.id, "status", {"status": "cancelled"})
                     db.commit()
                     counts["cancelled"] += 1
-            elif job.enqueued_at is None or job.enqueued_at < job.lease_expires_at:
-                if _send(db, queue, job.id, job.base_model):
-                    counts["taken_over"] += 1
+                continue
+            outcome = release_lost_worker(db, job, settings.max_attempts)
+            if outcome == "failed":
+                # nobody will resume it: its checkpoints and any half-published files go now
+                remove_tree(job_work_dir(settings, job.id))
+                remove_tree(job_artifacts_dir(settings, job.id))
+                counts["failed_attempts"] += 1
+            elif outcome == "queued":
+                counts["worker_lost"] += 1
+                _send(db, queue, job.id, job.base_model)
 
         expired = select(Job).where(Job.status.in_(TERMINAL), Job.artifacts_deleted.is_(False), Job.expires_at < now)
         for job in list(db.scalars(expired)):
@@ -73,6 +104,78 @@ def sweep(settings: Settings, sessions: sessionmaker[Session], queue) -> dict[st
     if any(counts.values()):
         log.info("sweep: %s", counts)
     return counts
+
+
+def _recover_lost_messages(db: Session, settings: Settings, queue, memory: SweepMemory, now: datetime, counts: dict[str, int]) -> None:
+    """Queued jobs whose message has been missing from their queue for `requeue_after_s`."""
+    stale = db.execute(
+        select(Job.id, Job.base_model, Job.enqueued_at).where(
+            Job.status == "queued", Job.enqueued_at < now - timedelta(seconds=settings.requeue_after_s)
+        )
+    ).all()
+    missing_before, memory.missing = memory.missing, {}
+    by_queue: dict[str, list] = defaultdict(list)
+    for row in stale:
+        by_queue[settings.queue_for(row.base_model)].append(row)
+    for queue_name, rows in by_queue.items():
+        try:
+            waiting = queue.waiting_job_ids(queue_name)
+        except Exception as exc:  # the broker is down: the next sweep looks again
+            log.warning("sweep: could not read queue %s: %s", queue_name, exc)
+            continue
+        for row in rows:
+            if row.id in waiting:
+                continue  # waiting behind other jobs: nothing is lost
+            sent_at, missing_since = missing_before.get(row.id, (None, now))
+            if sent_at != row.enqueued_at:  # first seen missing (or sent again since)
+                missing_since = now
+            if now - missing_since < timedelta(seconds=settings.requeue_after_s):
+                memory.missing[row.id] = (row.enqueued_at, missing_since)  # perhaps just taken by a worker
+                continue
+            lost_before = db.scalar(select(func.count()).select_from(Event).where(Event.job_id == row.id, Event.kind == REQUEUED))
+            if lost_before >= settings.max_requeues:
+                if finish_unowned(db, row.id, "failed", _lost_message_error(lost_before + 1), "queued"):
+                    counts["undeliverable"] += 1
+                continue
+            # Only if nobody (a worker's claim, another API replica) moved the job since we looked.
+            taken = db.execute(
+                update(Job)
+                .where(Job.id == row.id, Job.status == "queued", Job.enqueued_at == row.enqueued_at)
+                .values(enqueued_at=None)
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            db.commit()
+            if taken and _send(db, queue, row.id, row.base_model):
+                add_event(db, row.id, REQUEUED, {
+                    "message": "the job queue no longer held this job's message (the broker restarted without "
+                    "persistence or dropped it); it was sent again",
+                    "count": lost_before + 1,
+                })
+                db.commit()
+                counts["requeued"] += 1
+
+
+def _lost_message_error(times: int) -> tuple[str, str]:
+    return (
+        "queue_message_lost",
+        f"the job queue lost this job's message {times} times, so no worker could receive it (Redis restarted "
+        "without persistence, or evicts keys when memory is short); the operator should run Redis with "
+        "appendonly yes and maxmemory-policy noeviction (docs/deploy.md); then submit the job again",
+    )
+
+
+def _fail_unstarted(db: Session, settings: Settings, now: datetime, counts: dict[str, int]) -> None:
+    """Queued jobs no worker has started within max_queued_hours (updated_at: when they last became queued)."""
+    cutoff = now - timedelta(hours=settings.max_queued_hours)
+    for job_id, base_model in list(db.execute(select(Job.id, Job.base_model).where(Job.status == "queued", Job.updated_at < cutoff))):
+        error = (
+            "queue_timeout",
+            f"no worker started this job within {settings.max_queued_hours:g} hours of queueing; its queue "
+            f"{settings.queue_for(base_model)!r} may have no worker running (ask the operator: docs/deploy.md, routing "
+            "jobs to queues); submit it again once workers are available",
+        )
+        if finish_unowned(db, job_id, "failed", error, "queued"):
+            counts["queue_timeout"] += 1
 
 
 def _send(db: Session, queue, job_id: str, base_model: str) -> bool:

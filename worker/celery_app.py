@@ -21,6 +21,11 @@ def make_celery(settings: Settings) -> Celery:
         task_acks_late=True,
         task_reject_on_worker_lost=True,
         worker_prefetch_multiplier=1,
+        # The multiplier alone still lets a busy worker reserve one more job: after Redis
+        # reconnects, the running job's message belongs to the dead channel, so the new channel's
+        # prefetch window of 1 is empty and takes the next job while another worker idles. With
+        # this (Celery >= 5.6, Redis broker) the worker fetches only when a process is free.
+        worker_disable_prefetch=True,
         task_default_queue=settings.queue,
         task_routes={TASK_NAME: {"queue": settings.queue}},
         task_ignore_result=True,  # the database is the result store

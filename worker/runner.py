@@ -7,9 +7,11 @@ a live worker holds; the heartbeat keeps the lease fresh and reads the cancel fl
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -25,7 +27,7 @@ from app.db.engine import init_db, make_engine, make_sessionmaker
 from app.db.jobs import Claim
 from app.db.models import Job, StoredFile, utcnow
 from app.settings import Settings
-from app.storage import archive_path, build_archive, job_artifacts_dir, job_work_dir, model_dir, remove_tree
+from app.storage import job_archive, job_artifacts_dir, job_work_dir, model_dir, remove_tree
 from extension.errors import InvalidOptionError, JobCancelled, TideError
 from extension.options import OPTIONS, option_error_for
 from extension.spec import Callbacks, ExtendSpec
@@ -212,7 +214,9 @@ def _run_claimed(sessions, claim: Claim, settings: Settings, heartbeat: Heartbea
         result = pipeline.run(spec, callbacks.as_callbacks(work_dir), settings.model_sources())
         if heartbeat.lost.is_set():
             return "lost"
-        size, digest = build_archive(Path(result.out_dir), archive_path(settings, claim.job_id), claim.job_id)
+        # The archive is streamed from the model folder on download; only its size and sha256 are kept.
+        archive = job_archive(settings, claim.job_id, job.created_at)
+        size, digest = archive.size, archive.sha256()
         summary = {
             "mined_terms": jsonable(result.mined_terms) if result.mined_terms is not None else None,
             "counts": jsonable(result.extension.get("counts", {})),
@@ -232,6 +236,9 @@ def _run_claimed(sessions, claim: Claim, settings: Settings, heartbeat: Heartbea
         job_state.finish_owned(sessions, claim, "cancelled")
         return "cancelled"
     except TideError as exc:
+        if _disk_full(exc, settings, claim.job_id, by_free_space=False):  # bad input on a full disk is still bad input
+            _fail_disk_full(sessions, claim, settings, exc)
+            return "failed"
         log.info("job %s failed: %s: %s", claim.job_id, exc.code, exc.message)
         _fail(sessions, claim, settings, _api_error(exc))
         return "failed"
@@ -253,6 +260,9 @@ def _run_claimed(sessions, claim: Claim, settings: Settings, heartbeat: Heartbea
             return "failed"
         if not isinstance(exc, Exception):
             raise  # KeyboardInterrupt / SystemExit: the worker is going down, the lease will expire
+        if _disk_full(exc, settings, claim.job_id):
+            _fail_disk_full(sessions, claim, settings, exc)
+            return "failed"
         log.exception("job %s failed unexpectedly", claim.job_id)
         _fail(sessions, claim, settings, (
             "internal_error",
@@ -260,6 +270,48 @@ def _run_claimed(sessions, claim: Claim, settings: Settings, heartbeat: Heartbea
             None,
         ))
         return "failed"
+
+
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+_DISK_FULL_TEXTS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))  # safetensors only says it in words
+_NEARLY_FULL_BYTES = 1024 * 1024  # or 1% of a smaller disk
+
+
+def _disk_full(exc: BaseException, settings: Settings, job_id: str, *, by_free_space: bool = True) -> bool:
+    """Did this job fail because its disk filled up? The OS says ENOSPC; libraries wrap it (safetensors
+    in words, torch.save as "unexpected pos"), so a disk left all but full when the job failed counts
+    too (checked before the job's partial files are removed)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _DISK_FULL_ERRNOS:
+            return True
+        if any(text in str(seen) for text in _DISK_FULL_TEXTS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    if not by_free_space:
+        return False
+    for folder in (job_artifacts_dir(settings, job_id), job_work_dir(settings, job_id)):
+        try:
+            usage = shutil.disk_usage(folder)
+        except FileNotFoundError:
+            continue
+        if usage.free < min(_NEARLY_FULL_BYTES, usage.total // 100):
+            return True
+    return False
+
+
+def _fail_disk_full(sessions, claim: Claim, settings: Settings, exc: BaseException) -> None:
+    log.error(
+        "job %s: the disk filled up (%s: %s); free space under %s and %s", claim.job_id, type(exc).__name__, exc,
+        settings.resolved_artifacts_dir, settings.resolved_work_dir,
+    )
+    remove_tree(job_work_dir(settings, claim.job_id))
+    _fail(sessions, claim, settings, (
+        "disk_full",
+        "the server ran out of disk space while writing this job's files, so the job stopped and nothing of it was "
+        "kept; submit it again later (the worker log tells the operator where space ran out)",
+        None,
+    ))
 
 
 def _fail(sessions, claim: Claim, settings: Settings, error: tuple[str, str, str | None]) -> None:

@@ -1,8 +1,9 @@
 """Job state transitions, each one conditional UPDATE so API, worker and sweeper never race.
 
 queued ──claim──> running ──> succeeded | failed | cancelled
-   │                 │  └─cancel─> cancelling ──(worker sees flag)──> cancelled
-   └─cancel─> cancelled
+ │  ▲                 │  └─cancel─> cancelling ──(worker sees flag)──> cancelled
+ │  └──lease expired──┘  (worker_lost: the sweeper queues it again, or fails it after max_attempts)
+ └─cancel─> cancelled
 A running job holds a lease renewed by its worker's heartbeat. A redelivered message may take
 over a job only once that lease has expired, and only `max_attempts` times in all.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from .models import ACTIVE, TERMINAL, Event, Job, utcnow
@@ -42,30 +43,33 @@ def claim(
     now = utcnow()
     token = uuid.uuid4().hex
     expired = and_(Job.lease_expires_at.is_not(None), Job.lease_expires_at < now)
+    values = dict(
+        status="running",
+        attempt=Job.attempt + 1,
+        claim_token=token,
+        lease_expires_at=now + timedelta(seconds=lease_s),
+        worker=worker,
+        started_at=now,
+        updated_at=now,
+    )
     with sessions() as session:
-        result = session.execute(
-            update(Job)
-            .where(
-                Job.id == job_id,
-                Job.attempt < max_attempts,
-                or_(Job.status == "queued", and_(Job.status == "running", expired)),
+        before = session.scalar(select(Job).where(Job.id == job_id))
+        # The second form takes over a running job whose lease expired, when its message comes
+        # back before the sweeper has queued it again; it says so, as the sweeper would.
+        for condition, taking_over in ((Job.status == "queued", False), (and_(Job.status == "running", expired), True)):
+            result = session.execute(
+                update(Job)
+                .where(Job.id == job_id, Job.attempt < max_attempts, condition)
+                .values(**values)
+                .execution_options(synchronize_session=False)
             )
-            .values(
-                status="running",
-                attempt=Job.attempt + 1,
-                claim_token=token,
-                lease_expires_at=now + timedelta(seconds=lease_s),
-                worker=worker,
-                started_at=now,
-                updated_at=now,
-            )
-            .execution_options(synchronize_session=False)
-        )
-        if result.rowcount == 1:
-            attempt = session.scalar(select(Job.attempt).where(Job.id == job_id))
-            add_event(session, job_id, "status", {"status": "running", "attempt": attempt, "worker": worker})
-            session.commit()
-            return Claim(job_id, token, int(attempt)), "claimed"
+            if result.rowcount == 1:
+                if taking_over and before is not None:
+                    add_event(session, job_id, "worker_lost", worker_lost_payload(before, max_attempts))
+                attempt = session.scalar(select(Job.attempt).where(Job.id == job_id))
+                add_event(session, job_id, "status", {"status": "running", "attempt": attempt, "worker": worker})
+                session.commit()
+                return Claim(job_id, token, int(attempt)), "claimed"
         session.rollback()
         job = session.scalar(select(Job).where(Job.id == job_id))
         if job is None:
@@ -74,26 +78,73 @@ def claim(
             return None, f"already {job.status}"
         lease_dead = job.lease_expires_at is not None and job.lease_expires_at < now
         if job.status == "cancelling" and lease_dead:
-            _finish_unowned(session, job_id, "cancelled", None, "cancelling")
+            finish_unowned(session, job_id, "cancelled", None, "cancelling")
             return None, "cancelled while its worker was gone"
         if job.status == "running" and lease_dead and job.attempt >= max_attempts:
-            _finish_unowned(
-                session,
-                job_id,
-                "failed",
-                (
-                    "max_attempts_exceeded",
-                    f"the job's worker stopped {job.attempt} times (crash, out of memory or host loss) and "
-                    f"the limit is {max_attempts} attempts; check the worker logs, then submit it again "
-                    "(with fewer steps or a smaller batch if memory ran out)",
-                ),
-                "running",
-            )
+            finish_unowned(session, job_id, "failed", max_attempts_error(job.attempt, max_attempts), "running")
             return None, "max attempts exceeded"
         return None, f"held by a live worker ({job.status})"
 
 
-def _finish_unowned(session: Session, job_id: str, status: str, error: tuple[str, str] | None, expected: str) -> bool:
+def max_attempts_error(attempts: int, max_attempts: int) -> tuple[str, str]:
+    return (
+        "max_attempts_exceeded",
+        f"the job's worker stopped {attempts} times (crash, out of memory or host loss) and "
+        f"the limit is {max_attempts} attempts; check the worker logs, then submit it again "
+        "(with fewer steps or a smaller batch if memory ran out)",
+    )
+
+
+def worker_lost_payload(job: Job, max_attempts: int) -> dict[str, Any]:
+    """What a client reads when the worker of a running job vanished: which attempt, where it was."""
+    return {
+        "attempt": job.attempt,
+        "max_attempts": max_attempts,
+        "stage": job.stage,
+        "step": job.progress_step,
+        "total": job.progress_total,
+        "lease_expired_at": job.lease_expires_at.isoformat() if job.lease_expires_at else None,
+        "message": (
+            f"the worker running attempt {job.attempt} of {max_attempts} stopped renewing its lease (it crashed, ran "
+            "out of memory or lost its host); the next attempt resumes from the last training checkpoint, so the "
+            "progress may step back to it"
+        ),
+    }
+
+
+def release_lost_worker(session: Session, job: Job, max_attempts: int) -> str | None:
+    """A running job whose lease expired: queue it again (worker_lost), or fail it after the last
+    attempt. Conditional on the lease and claim the caller saw, so a worker that renewed in the
+    meantime keeps its job. Returns "queued", "failed", or None when nothing changed."""
+    now = utcnow()
+    seen = and_(
+        Job.id == job.id, Job.status == "running", Job.claim_token == job.claim_token, Job.lease_expires_at < now
+    )
+    if job.attempt >= max_attempts:
+        code, message = max_attempts_error(job.attempt, max_attempts)
+        values: dict[str, Any] = {
+            "status": "failed", "finished_at": now, "updated_at": now, "claim_token": None,
+            "error_code": code, "error_message": message,
+        }
+        payload: dict[str, Any] = {"status": "failed", "error": {"code": code, "message": message}}
+        outcome = "failed"
+    else:
+        # enqueued_at None: until the sweeper has sent it again it counts as never sent
+        values = {"status": "queued", "updated_at": now, "claim_token": None, "lease_expires_at": None, "enqueued_at": None}
+        payload = {"status": "queued", "attempt": job.attempt}
+        outcome = "queued"
+    if session.execute(update(Job).where(seen).values(**values).execution_options(synchronize_session=False)).rowcount != 1:
+        session.rollback()
+        return None
+    if outcome == "queued":
+        add_event(session, job.id, "worker_lost", worker_lost_payload(job, max_attempts))
+    add_event(session, job.id, "status", payload)
+    session.commit()
+    return outcome
+
+
+def finish_unowned(session: Session, job_id: str, status: str, error: tuple[str, str] | None, expected: str) -> bool:
+    """End a job no worker holds (cancelled while its worker was gone, or never delivered)."""
     now = utcnow()
     values: dict[str, Any] = {"status": status, "finished_at": now, "updated_at": now, "claim_token": None}
     if error:

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+
 from fastapi import APIRouter
 
 from ..db.models import Job
 from ..deps import KeyDep, SessionsDep, SettingsDep
-from ..ranges import Download
+from ..downloads import ArchiveResponse
 from ..errors import ApiError
+from ..ranges import Download
 from ..schemas import Archive, ArtifactFile, Artifacts, ErrorResponse
-from ..storage import archive_path, model_dir
+from ..storage import job_archive, legacy_archive_path, model_dir
 from .jobs import owned_job
 from . import AUTH_ERRORS, CONFLICT, GONE, NOT_FOUND
 
+log = logging.getLogger("tide.api")
 router = APIRouter(tags=["artifacts"], responses={**AUTH_ERRORS, **NOT_FOUND, **CONFLICT, **GONE})
 
 _DOWNLOAD = {
@@ -69,4 +73,15 @@ def artifact_file(job_id: str, path: str, sessions: SessionsDep, key: KeyDep, se
 )
 def archive(job_id: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> Download:
     job = _published(sessions, key, job_id)
-    return Download(archive_path(settings, job.id), filename=_archive_name(job), media_type="application/x-tar")
+    legacy = legacy_archive_path(settings, job.id)
+    if legacy.is_file():
+        return Download(legacy, filename=_archive_name(job), media_type="application/x-tar")
+    layout = job_archive(settings, job.id, job.created_at)
+    if layout.size != job.archive_bytes:
+        log.error("job %s: its model folder lays out as %d archive bytes, %s were published", job.id, layout.size, job.archive_bytes)
+        raise ApiError(
+            500, "artifacts_damaged",
+            f"the stored files of job {job_id} no longer match its archive; the operator has been told in the log — run the job again",
+            "job_id",
+        )
+    return ArchiveResponse(layout, filename=_archive_name(job), sha256=job.archive_sha256 or "", mtime=layout.mtime)

@@ -13,12 +13,13 @@ from extension.errors import InvalidCorpusError
 from ..db.models import StoredFile
 from ..deps import KeyDep, SessionsDep, SettingsDep
 from ..errors import ApiError
+from ..quotas import check_storage
 from ..schemas import ErrorResponse, FileObject
 from ..storage import upload_path
 from ..submission import new_file_id
 from ..uploads import receive_file
 from ..views import file_view
-from . import AUTH_ERRORS, INVALID
+from . import AUTH_ERRORS, INVALID, STORAGE_FULL
 
 router = APIRouter(tags=["files"], responses=AUTH_ERRORS)
 
@@ -52,10 +53,11 @@ _UPLOAD_BODY = {
         408: {"model": ErrorResponse, "description": "The body stopped arriving for TIDE_REQUEST_BODY_TIMEOUT_S"},
         413: {"model": ErrorResponse, "description": "Larger than TIDE_MAX_UPLOAD_BYTES"},
         415: {"model": ErrorResponse, "description": "Not multipart/form-data"},
-        507: {"model": ErrorResponse, "description": "The server's disk filled up while storing it (nothing kept)"},
+        **STORAGE_FULL,
     },
 )
 async def upload(request: Request, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> FileObject:
+    await run_in_threadpool(_check_storage, sessions, key, settings)
     file_id = new_file_id()
     partial = settings.resolved_uploads_dir / f".{file_id}.partial"
     received = await receive_file(request, partial, settings.max_upload_bytes)
@@ -76,6 +78,11 @@ async def upload(request: Request, sessions: SessionsDep, key: KeyDep, settings:
     )
     await run_in_threadpool(_save, sessions, stored)
     return file_view(stored)
+
+
+def _check_storage(sessions, key, settings) -> None:
+    with sessions() as db:
+        check_storage(db, key, settings)
 
 
 def _save(sessions, stored: StoredFile) -> None:

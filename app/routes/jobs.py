@@ -19,7 +19,7 @@ from ..schemas import Job as JobOut
 from ..storage import job_artifacts_dir, job_work_dir, remove_tree
 from ..submission import submit
 from ..views import job_view
-from . import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND
+from . import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND, STORAGE_FULL, TOO_MANY_JOBS
 
 router = APIRouter(tags=["jobs"], responses={**AUTH_ERRORS, **INVALID})
 log = logging.getLogger("tide.api")
@@ -54,7 +54,7 @@ def enqueue(db, queue, job: Job) -> None:
     summary="Start a job: extend a model's vocabulary with new terms",
     responses={
         202: {"description": "Accepted; poll the Location", "headers": {"Location": {"schema": {"type": "string"}, "description": "The job's URL"}}},
-        **CONFLICT,
+        **CONFLICT, **TOO_MANY_JOBS, **STORAGE_FULL,
         408: {"model": ErrorResponse, "description": "The body stopped arriving for TIDE_REQUEST_BODY_TIMEOUT_S"},
         413: {"model": ErrorResponse, "description": "The body is larger than TIDE_MAX_REQUEST_BODY_BYTES"},
     },

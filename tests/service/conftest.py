@@ -105,6 +105,7 @@ def service_settings(tmp_path_factory, redis_url):
         max_terms=50,
         max_upload_bytes=256 * 1024,
         max_corpus_text_chars=200_000,
+        max_active_jobs_per_key=1000,  # these tests leave queued jobs behind on purpose; tests/faults tests the limit
         lease_s=3,  # short, so the takeover test needs seconds, not minutes
         cancel_poll_s=0.2,
         sweep_interval_s=1.0,
