@@ -1,4 +1,6 @@
-"""What routes get injected: settings, a database session, the caller's API key, the queue."""
+"""What routes get injected: settings, a database session, the caller's API key, the queue.
+
+The key comes from `Authorization: Bearer`, or from a signed-in browser's session cookie (pages)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
+from .db.browser_sessions import COOKIE_NAME, CSRF_HEADER, csrf_matches, session_key
 from .db.keys import authenticate
 from .db.models import ApiKey
 from .errors import ApiError
@@ -38,6 +41,8 @@ def current_key(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> ApiKey:
     challenge = {"WWW-Authenticate": "Bearer"}
+    if credentials is None and COOKIE_NAME in request.cookies:
+        return browser_key(request)
     if credentials is None:
         raise ApiError(
             401, "unauthorized", "missing API key: send the header 'Authorization: Bearer <key>' (create a key with `tide keys create NAME`)",
@@ -48,6 +53,31 @@ def current_key(
         key = authenticate(session, credentials.credentials)
     if key is None:
         raise ApiError(401, "unauthorized", "invalid or revoked API key; check the key or create a new one with `tide keys create NAME`", "Authorization", challenge)
+    return key
+
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def browser_key(request: Request) -> ApiKey:
+    """The key behind a browser's session cookie. A browser attaches cookies to requests other
+    sites trigger too, so a state-changing request must also carry the page's CSRF token."""
+    token = request.cookies[COOKIE_NAME]
+    with request.app.state.sessions() as session:
+        key = session_key(session, token)
+    if key is None:
+        raise ApiError(
+            401, "session_expired",
+            "this browser session has ended (signed out, expired, or its API key was revoked); sign in again at /ui/login",
+            "Cookie",
+        )
+    if request.method not in _SAFE_METHODS and not csrf_matches(token, request.headers.get(CSRF_HEADER)):
+        raise ApiError(
+            403, "csrf_token_invalid",
+            f"a signed-in browser must send the page's {CSRF_HEADER} header with {request.method} requests; "
+            "reload the page and try again (scripts: use Authorization: Bearer <key> instead of the cookie)",
+            CSRF_HEADER,
+        )
     return key
 
 

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from . import errors
+from . import errors, pages
 from .db.engine import init_db, make_engine, make_sessionmaker
 from .queue import JobQueue
 from .routes import artifacts, files, health, jobs, models
@@ -27,6 +27,7 @@ DESCRIPTION = """Extend a causal language model's vocabulary with domain terms a
 3. Download `GET /jobs/{id}/archive` (or single files listed by `GET /jobs/{id}/artifacts`).
 
 Every request needs `Authorization: Bearer <key>` (create one with `tide keys create NAME`).
+In a browser, sign in at `/ui/login` instead: the pages, and this API, then accept its session cookie.
 Every error has the shape `{"error": {"code", "message", "param"}}`.
 """
 
@@ -68,4 +69,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     for module in (health, jobs, files, artifacts, models):
         app.include_router(module.router)
+    pages.install(app)
     return app

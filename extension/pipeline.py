@@ -17,9 +17,8 @@ from .card import model_card
 from .errors import InvalidCorpusError, InvalidOptionError, InvalidTermsError, JobCancelled
 from .models import ModelSources, load_model, load_tokenizer, resolve_model
 from .publish import check_output_dir, publish
-from .spec import Callbacks, ExtendSpec
+from .spec import STAGES, Callbacks, ExtendSpec  # noqa: F401  (STAGES: the order run() follows)
 
-STAGES = ("load", "mine", "extend", "init", "train", "evaluate", "publish")
 DEFAULT_SOURCES = ModelSources(cache_dir=Path.home() / ".cache" / "tide")
 
 

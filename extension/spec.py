@@ -6,6 +6,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+# The stages run() goes through, in order ("mine" only for corpus jobs without terms). Here, not
+# in pipeline.py, so the service can show a job's timeline without importing torch.
+STAGES = ("load", "mine", "extend", "init", "train", "evaluate", "publish")
+
 
 @dataclass
 class ExtendSpec:
