@@ -261,7 +261,7 @@ class LossCurve:
     total_steps: int
     width: int = 600
     height: int = 220
-    left: int = 56
+    left: int = 76  # room for a loss label such as 10.123 at the chart's font size
     bottom: int = 34
     top: int = 12
     right: int = 12
@@ -404,8 +404,10 @@ def verdict(metrics: dict | None) -> list[str]:
     length = comparison.get("domain_tokens_per_byte")
     if length and _percent(length) is not None:
         change = _percent(length)
-        word = "fewer" if change < 0 else "more"
-        sentences.append(f"Your text takes {abs(change):.1f}% {word} tokens.")
+        if round(change, 2) == 0:
+            sentences.append("Your text takes as many tokens as before (the held-out text hardly uses the new tokens).")
+        else:
+            sentences.append(f"Your text takes {abs(change):.2f}% {'fewer' if change < 0 else 'more'} tokens.")
     general = comparison.get("general_bits_per_byte")
     if general and _percent(general) is not None:
         change = _percent(general)
@@ -468,5 +470,5 @@ def load_lines(folder: str, base_url: str, job_id: str) -> str:
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         f'tokenizer = AutoTokenizer.from_pretrained("{folder}")',
         f'model = AutoModelForCausalLM.from_pretrained("{folder}")',
-        f"# {folder}/adapter is the same new rows as a PEFT adapter; {folder}/README.md says how to load it",
+        f"# {folder}/adapter: the new rows as a PEFT adapter ({folder}/README.md says how to load it)",
     ])
