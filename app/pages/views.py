@@ -148,12 +148,14 @@ def format_number(value: Any) -> str:
         return str(value)
     if isinstance(value, int):
         return f"{value:,}"
-    if value == 0 or not math.isfinite(value):
+    if value == 0:
+        return "0"
+    if not math.isfinite(value):
         return str(value)
     if abs(value) >= 1000:
         return f"{value:,.0f}"
     if abs(value) < 0.001:
-        return f"{value:.2e}"
+        return f"{value:.3g}"
     return f"{value:.4f}".rstrip("0").rstrip(".") if abs(value) >= 1 else f"{value:.4g}"
 
 
