@@ -206,7 +206,11 @@ def test_an_invalid_form_shows_the_servers_error_next_to_the_field(browser, live
 
     browser.get(f"{live_server}/ui/new")
     # the form is the API's schema: every training option is there with its default
-    assert browser.find_element(By.ID, "opt-training-steps").get_attribute("value") == "100"
+    from app.schemas import ExtendRequest
+
+    defaults = ExtendRequest(base_model=TINY_MODEL)
+    assert browser.find_element(By.ID, "opt-training-steps").get_attribute("value") == str(defaults.training.steps)
+    assert float(browser.find_element(By.ID, "opt-training-lr").get_attribute("value")) == defaults.training.lr
     _fill(browser, "base_model", TINY_MODEL)
     _fill(browser, "terms_text", "\n".join(TERMS))
     _fill(browser, "opt-training-batch_size", "0")
