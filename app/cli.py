@@ -1,4 +1,4 @@
-"""`tide` command line: extend, mine, serve, worker, keys.
+"""`tide` command line: extend, mine, serve, worker, keys, jobs.
 
 Each subcommand lives in its own small module that registers its parser and imports its heavy
 dependencies (torch, FastAPI, Celery) only when it runs, so `tide --help` stays instant.
@@ -14,11 +14,11 @@ from extension.options import option_error_for
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import cli_extend, cli_mine, cli_service
+    from . import cli_extend, cli_jobs, cli_mine, cli_service
 
     parser = argparse.ArgumentParser(prog="tide", description="Extend a language model's vocabulary with domain terms.")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (cli_extend, cli_mine, cli_service):
+    for module in (cli_extend, cli_mine, cli_service, cli_jobs):
         module.register(sub)
     return parser
 

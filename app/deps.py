@@ -1,4 +1,6 @@
-"""What routes get injected: settings, a database session, the caller's API key, the queue."""
+"""What routes get injected: settings, a database session, the caller's API key, the queue.
+
+The key comes from `Authorization: Bearer`, or from a signed-in browser's session cookie (pages)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
+from .db.browser_sessions import COOKIE_NAME, CSRF_HEADER, csrf_matches, session_key
 from .db.keys import authenticate
 from .db.models import ApiKey
 from .errors import ApiError
@@ -61,7 +64,34 @@ def current_key(
     checked = getattr(request.state, "api_key", None)
     if checked is not None:
         return checked
+    if credentials is None and COOKIE_NAME in request.cookies:
+        return browser_key(request.app.state.sessions, request.cookies[COOKIE_NAME], request.method,
+                           request.headers.get(CSRF_HEADER))
     return key_for_token(request.app.state.sessions, credentials.credentials if credentials else None)
+
+
+_SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def browser_key(sessions: sessionmaker[Session], cookie_token: str, method: str, csrf: str | None) -> ApiKey:
+    """The key behind a browser's session cookie. A browser attaches cookies to requests other
+    sites trigger too, so a state-changing request must also carry the page's CSRF token."""
+    with sessions() as session:
+        key = session_key(session, cookie_token)
+    if key is None:
+        raise ApiError(
+            401, "session_expired",
+            "this browser session has ended (signed out, expired, or its API key was revoked); sign in again at /ui/login",
+            "Cookie",
+        )
+    if method not in _SAFE_METHODS and not csrf_matches(cookie_token, csrf):
+        raise ApiError(
+            403, "csrf_token_invalid",
+            f"a signed-in browser must send the page's {CSRF_HEADER} header with {method} requests; "
+            "reload the page and try again (scripts: use Authorization: Bearer <key> instead of the cookie)",
+            CSRF_HEADER,
+        )
+    return key
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

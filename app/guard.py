@@ -1,7 +1,9 @@
 """Request bodies are bounded before the app reads them.
 
-A request that carries a body must show a valid API key first: an anonymous client gets its
-401 before one byte of its body is read. Then the body is capped (TIDE_MAX_REQUEST_BODY_BYTES;
+A request that carries a body must show a valid API key first (a bearer key, or a signed-in
+browser's session cookie with its CSRF token): an anonymous client gets its 401 before one byte of
+its body is read. The one exception is the sign-in form, whose body IS the key: it is capped at
+LOGIN_BODY_BYTES instead. Then the body is capped (TIDE_MAX_REQUEST_BODY_BYTES;
 corpus uploads TIDE_MAX_UPLOAD_BYTES) and every wait for its next piece is bounded
 (TIDE_REQUEST_BODY_TIMEOUT_S). Bytes are counted as they stream in, so a chunked body without a
 Content-Length is capped too, and nothing is buffered here. Refusals are answered in the one
@@ -19,14 +21,18 @@ from fastapi.security.utils import get_authorization_scheme_param
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .deps import key_for_token
+from .db.browser_sessions import COOKIE_NAME, CSRF_HEADER
+from .deps import browser_key, key_for_token
 from .errors import ApiError, error_response
 from .settings import Settings
 from .uploads import MULTIPART_OVERHEAD
 
 UPLOAD_PATH = "/files"
+LOGIN_PATH = "/ui/login"
+LOGIN_BODY_BYTES = 4096  # a form with an API key and a page to return to
 
 
 class _BodyRefused(Exception):
@@ -48,6 +54,8 @@ class RequestGuard:
         """(bytes, setting name, what the body is) for this request."""
         if scope["path"].rstrip("/") == UPLOAD_PATH:
             return self.settings.max_upload_bytes + MULTIPART_OVERHEAD, "TIDE_MAX_UPLOAD_BYTES", "upload"
+        if scope["path"].rstrip("/") == LOGIN_PATH:
+            return LOGIN_BODY_BYTES, "the sign-in form's limit", "sign-in form"
         return self.settings.max_request_body_bytes, "TIDE_MAX_REQUEST_BODY_BYTES", "request body"
 
     def _too_large(self, scope: Scope, size: str) -> ApiError:
@@ -59,6 +67,15 @@ class RequestGuard:
             "file" if what == "upload" else "body",
         )
 
+    def _key(self, headers: Headers, method: str):
+        """The caller's API key, from the same rules as app.deps.current_key."""
+        scheme, token = get_authorization_scheme_param(headers.get("authorization"))
+        bearer = token if scheme.lower() == "bearer" else None
+        cookies = cookie_parser(headers.get("cookie", ""))
+        if not bearer and COOKIE_NAME in cookies:
+            return browser_key(self.sessions, cookies[COOKIE_NAME], method, headers.get(CSRF_HEADER))
+        return key_for_token(self.sessions, bearer)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
@@ -66,12 +83,12 @@ class RequestGuard:
         if not _has_body(headers):
             return await self.app(scope, receive, send)
 
-        scheme, token = get_authorization_scheme_param(headers.get("authorization"))
-        try:
-            key = await run_in_threadpool(key_for_token, self.sessions, token if scheme.lower() == "bearer" else None)
-        except ApiError as refusal:
-            return await _refuse(refusal, scope, send)
-        scope.setdefault("state", {})["api_key"] = key
+        if scope["path"].rstrip("/") != LOGIN_PATH:
+            try:
+                key = await run_in_threadpool(self._key, headers, scope["method"])
+            except ApiError as refusal:
+                return await _refuse(refusal, scope, send)
+            scope.setdefault("state", {})["api_key"] = key
 
         limit, _setting, _what = self._limit(scope)
         declared = headers.get("content-length", "")

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from . import errors
+from . import errors, pages
 from .base_tokenizers import BaseTokenizers
 from .db.engine import init_db, make_engine, make_sessionmaker
 from .guard import RequestGuard
@@ -29,6 +29,7 @@ DESCRIPTION = """Extend a causal language model's vocabulary with domain terms a
 3. Download `GET /jobs/{id}/archive` (or single files listed by `GET /jobs/{id}/artifacts`).
 
 Every request needs `Authorization: Bearer <key>` (create one with `tide keys create NAME`).
+In a browser, sign in at `/ui/login` instead: the pages, and this API, then accept its session cookie.
 Every error has the shape `{"error": {"code", "message", "param"}}`.
 """
 
@@ -73,4 +74,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(RequestGuard, settings=settings, sessions=app.state.sessions)
     for module in (health, jobs, files, artifacts, models):
         app.include_router(module.router)
+    pages.install(app)
     return app

@@ -76,6 +76,11 @@ class Settings(BaseSettings):
         "POST /extend and POST /files answer 507 once it is reached",
     )
 
+    # browser pages
+    session_hours: float = Field(
+        12.0, gt=0, description="How long a browser sign-in (/ui/login) lasts, in hours; the browser holds a session cookie, never the API key"
+    )
+
     # job lifecycle
     job_time_limit_s: int = Field(
         6 * 3600, ge=10, description="Wall-clock limit of one job attempt in seconds; past it the job fails with time_limit_exceeded"

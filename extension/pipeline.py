@@ -19,9 +19,8 @@ from .errors import InvalidCorpusError, InvalidOptionError, InvalidTermsError, J
 from .options import check_options
 from .models import ModelSources, load_model, load_tokenizer, resolve_model
 from .publish import check_output_dir, publish
-from .spec import Callbacks, ExtendSpec
+from .spec import STAGES, Callbacks, ExtendSpec  # noqa: F401  (STAGES: the order run() follows)
 
-STAGES = ("load", "mine", "extend", "init", "generate", "train", "evaluate", "publish")
 DEFAULT_SOURCES = ModelSources(cache_dir=Path.home() / ".cache" / "tide")
 
 

@@ -8,6 +8,11 @@ from typing import Any, Callable
 
 from .options import OPTIONS
 
+# The stages run() goes through, in order ("mine" only for corpus jobs without terms, "generate"
+# only for terms-only jobs that train). Here, not in pipeline.py, so the service can show a job's
+# timeline without importing torch.
+STAGES = ("load", "mine", "extend", "init", "generate", "train", "evaluate", "publish")
+
 
 def _to_json(self) -> dict[str, Any]:
     data = asdict(self)

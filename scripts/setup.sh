@@ -27,6 +27,9 @@ need=()
 [ -e /usr/share/games/fortunes/fortunes ] || need+=(fortunes)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v docker-compose >/dev/null || need+=(docker-compose)
+# Headless Chromium + its WebDriver for the browser tests of the pages (tests/service/test_pages_browser.py).
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -q && $SUDO apt-get install -y -q "${need[@]}"

@@ -1,4 +1,4 @@
-"""Tables: api_keys, files, jobs, events."""
+"""Tables: api_keys, browser_sessions, files, jobs, events."""
 
 from __future__ import annotations
 
@@ -43,6 +43,18 @@ class ApiKey(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)  # sha256 hex of the whole key
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class BrowserSession(Base):
+    """A signed-in browser: the cookie holds a random token, the table only its sha256 digest."""
+
+    __tablename__ = "browser_sessions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
 
 
 class StoredFile(Base):

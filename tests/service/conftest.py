@@ -232,3 +232,47 @@ def wait_for_status(client, auth, job_id: str, statuses: set[str], timeout: floa
         time.sleep(0.2)
     tail = worker.log_tail() if worker else ""
     raise AssertionError(f"job {job_id} not in {statuses} after {timeout:.0f} s: {job}\n--- worker log ---\n{tail}")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def live_server(service_settings, worker):
+    """A real uvicorn serving the app on 127.0.0.1 (same database, queue and worker as `client`),
+    for the browser and the HTTP client. Yields its base URL; its log is at data_dir/uvicorn.log."""
+    import httpx
+
+    port = _free_port()
+    log_path = service_settings.data_dir / "uvicorn.log"
+    env = {**settings_env(service_settings), "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO))}
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app.main:create_app", "--factory", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"uvicorn did not start:\n{log_path.read_text(errors='replace')[-3000:]}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
