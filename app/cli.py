@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from extension.errors import TideError
+from extension.errors import InvalidOptionError, TideError
+from extension.options import option_error_for
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,8 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except TideError as exc:
-        where = f" ({exc.param})" if exc.param else ""
-        print(f"tide: error{where}: {exc.message}", file=sys.stderr)
+        message, param = option_error_for(exc, style="cli") if isinstance(exc, InvalidOptionError) else (exc.message, exc.param)
+        where = f" ({param})" if param else ""
+        print(f"tide: error{where}: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tide: interrupted", file=sys.stderr)

@@ -7,7 +7,10 @@ import json
 import sys
 from pathlib import Path
 
+from .cli_options import add_option_flags
+
 FILTER_KINDS = ("digits", "punctuation", "urls", "control")
+MINING_OPTIONS = ["max_new_tokens", "min_frequency", "corpus_text_field"]
 
 
 def register(sub) -> None:
@@ -19,9 +22,7 @@ def register(sub) -> None:
     )
     parser.add_argument("--corpus", type=Path, required=True, help="UTF-8 text (documents separated by blank lines) or JSONL")
     parser.add_argument("--base-model", default="smollm2-135m", help="whose tokenizer to extend: built-in name, models-dir name or local folder (default: %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=300, help="new vocabulary entries, intermediates included (default: %(default)s)")
-    parser.add_argument("--min-frequency", type=int, default=3, help="a merge must occur at least this often (default: %(default)s)")
-    parser.add_argument("--text-field", default="text", help="JSONL field holding the text (default: %(default)s)")
+    add_option_flags(parser, MINING_OPTIONS)
     parser.add_argument(
         "--keep", action="append", choices=FILTER_KINDS, default=[],
         help="switch a candidate filter off (repeatable): digits, punctuation, urls, control",
@@ -33,10 +34,11 @@ def register(sub) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from app.settings import get_settings
-    from extension.mining import MiningFilters, check_mining_options, mine_terms
+    from extension.mining import MiningFilters, mine_terms
+    from extension.options import check_options
     from extension.models import load_tokenizer, resolve_model
 
-    check_mining_options(args.max_new_tokens, args.min_frequency)
+    check_options(args, MINING_OPTIONS)
     sources = get_settings().model_sources()
     resolved = resolve_model(args.base_model, sources, allow_local_paths=True)
     tokenizer = load_tokenizer(resolved, sources)
@@ -44,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"mining {args.corpus} with the {args.base_model} tokenizer ...", file=sys.stderr)
     result = mine_terms(
         tokenizer, args.corpus, max_new_tokens=args.max_new_tokens,
-        min_frequency=args.min_frequency, text_field=args.text_field, filters=filters,
+        min_frequency=args.min_frequency, text_field=args.corpus_text_field, filters=filters,
     )
     if args.json:
         print(json.dumps(result.to_json(), indent=2, ensure_ascii=False))

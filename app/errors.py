@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from extension.errors import TideError
+from extension.options import by_api_path
 
 log = logging.getLogger("tide.api")
 
@@ -76,6 +77,10 @@ def _validation_message(error: dict[str, Any], param: str | None) -> tuple[str, 
         return "invalid_request", f"{where} is required; add it to the request"
     if kind == "extra_forbidden":
         return "invalid_request", f"{where} is not a known field; remove it or check its spelling against /docs"
+    option = by_api_path(param or "")
+    if option is not None and "input" in error and option.problem(error["input"]) is not None:
+        # an option out of its range or of the wrong type: the same words the CLI and library use
+        return "invalid_option", f"{param} {option.problem(error['input'])}"
     if kind == "model_attributes_type" or kind == "dict_type":
         got = _JSON_TYPES.get(type(error.get("input")).__name__, "another type")
         return "invalid_request", f"{where} must be a JSON object; got {got}"

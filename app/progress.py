@@ -11,8 +11,8 @@ from extension.spec import Callbacks
 
 
 class TerminalProgress:
-    def __init__(self, work_dir: Path | None = None, stream=sys.stderr):
-        self.stream = stream
+    def __init__(self, work_dir: Path | None = None, stream=None):
+        self.stream = stream or sys.stderr  # read at call time: tests and callers may swap sys.stderr
         self.bar: tqdm | None = None
         self.callbacks = Callbacks(
             on_stage=self.stage,

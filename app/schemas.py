@@ -5,9 +5,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from extension.spec import ExtendSpec
+from extension.options import OPTIONS, Option
 
 JobStatus = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
 
@@ -32,41 +32,29 @@ class ErrorResponse(BaseModel):
     )
 
 
-class MiningOptions(BaseModel):
-    """How terms are chosen from a corpus (used only when no `terms` are given)."""
-
-    model_config = _STRICT
-
-    max_new_tokens: int = Field(ExtendSpec.max_new_tokens, ge=1, le=20_000, description="Most new tokens to add")
-    min_frequency: int = Field(ExtendSpec.min_frequency, ge=1, le=1_000_000, description="A candidate must occur at least this often in the corpus")
-
-
-class TrainingOptions(BaseModel):
-    """Training of the new rows only (the base model stays frozen)."""
-
-    model_config = _STRICT
-
-    steps: int = Field(ExtendSpec.steps, ge=0, description="Optimiser steps (0: initialise the new rows only; at most TIDE_MAX_STEPS)")
-    batch_size: int = Field(ExtendSpec.batch_size, ge=1, le=512)
-    seq_len: int = Field(ExtendSpec.seq_len, ge=8, le=32_768, description="Tokens per training sequence")
-    lr: float = Field(ExtendSpec.lr, gt=0, le=1.0, description="Base learning rate")
-    embedding_lr_multiplier: float = Field(ExtendSpec.embedding_lr_multiplier, gt=0, lt=10.0, description="Learning-rate multiplier for the new rows")
-    weight_decay: float = Field(ExtendSpec.weight_decay, ge=0, le=1.0)
-    warmup_steps: int = Field(ExtendSpec.warmup_steps, ge=0, le=1_000_000)
-    grad_clip: float = Field(ExtendSpec.grad_clip, gt=0, le=1000.0)
-    seed: int = Field(ExtendSpec.seed, ge=0, le=2**31 - 1)
-    checkpoint_every: int = Field(ExtendSpec.checkpoint_every, ge=1, le=1_000_000, description="Steps between checkpoints (a taken-over job resumes from the last)")
+def _field(option: Option) -> tuple[type, Any]:
+    """A pydantic field of `option`: its default, range and help, as /docs shows them."""
+    if option.kind is str:
+        bounds = {"min_length": int(option.minimum), "max_length": int(option.maximum)}
+    else:
+        bounds = {"gt" if option.exclusive_minimum else "ge": option.minimum, "le": option.maximum}
+    return option.kind, Field(option.default, description=option.help[:1].upper() + option.help[1:], **bounds)
 
 
-class EvaluationOptions(BaseModel):
-    """The before/after measurement (bits per byte on held-out domain text and on general text)."""
+def _group_model(group: str, doc: str) -> type[BaseModel]:
+    fields = {option.api_name or option.name: _field(option) for option in OPTIONS if option.api_group == group}
+    model = create_model(f"{group.capitalize()}Options", __config__=_STRICT, **fields)
+    model.__doc__ = doc
+    return model
 
-    model_config = _STRICT
 
-    max_bytes: int = Field(ExtendSpec.eval_max_bytes, ge=1000, le=10_000_000, description="Bytes of held-out domain text, and of general text, scored before and after")
+MiningOptions = _group_model("mining", "How terms are chosen from a corpus (used only when no `terms` are given).")
+TrainingOptions = _group_model("training", "Training of the new rows only (the base model stays frozen; steps at most TIDE_MAX_STEPS).")
+EvaluationOptions = _group_model("evaluation", "The before/after measurement (bits per byte on held-out domain text and on general text).")
+_ROOT_OPTIONS = {option.api_name or option.name: _field(option) for option in OPTIONS if option.api_group == "root"}
 
 
-class ExtendRequest(BaseModel):
+class _ExtendRequestBase(BaseModel):
     """Give `terms`, or a corpus (`corpus_file_id` from POST /files, or a small inline `corpus_text`), or both."""
 
     model_config = ConfigDict(
@@ -87,11 +75,14 @@ class ExtendRequest(BaseModel):
     terms: list[str] | None = Field(None, description="Words or phrases that should each become one token")
     corpus_file_id: str | None = Field(None, max_length=64, description="An uploaded corpus (POST /files): mined for terms when none are given, and trained on")
     corpus_text: str | None = Field(None, description="A small corpus inline (documents separated by blank lines)")
-    corpus_text_field: str = Field("text", min_length=1, max_length=100, description="Field holding the text in a JSONL corpus")
-    pad_to_multiple_of: int = Field(ExtendSpec.pad_to_multiple_of, ge=1, le=4096, description="Vocabulary is padded up to a multiple of this")
     mining: MiningOptions = Field(default_factory=MiningOptions)
     training: TrainingOptions = Field(default_factory=TrainingOptions)
     evaluation: EvaluationOptions = Field(default_factory=EvaluationOptions)
+
+
+# The root-level options (corpus_text_field, pad_to_multiple_of) come from the option table too.
+ExtendRequest = create_model("ExtendRequest", __base__=_ExtendRequestBase, **_ROOT_OPTIONS)
+ExtendRequest.__doc__ = _ExtendRequestBase.__doc__
 
 
 class Progress(BaseModel):

@@ -13,6 +13,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from extension.models import ModelSources
+from extension.options import BY_NAME, DEFAULTS
 
 
 class Settings(BaseSettings):
@@ -48,7 +49,9 @@ class Settings(BaseSettings):
 
     # request limits
     max_terms: int = Field(1000, ge=1, description="Most terms one POST /extend may list")
-    max_term_chars: int = Field(64, ge=1, description="Longest term, in characters")
+    max_term_chars: int = Field(
+        DEFAULTS["max_term_chars"], ge=1, le=BY_NAME["max_term_chars"].maximum, description="Longest term, in characters"
+    )
     max_upload_bytes: int = Field(512 * 1024 * 1024, ge=1, description="Largest corpus upload accepted by POST /files, in bytes")
     max_corpus_text_chars: int = Field(
         1_000_000, ge=1, description="Longest inline corpus_text in POST /extend, in characters (upload bigger corpora)"

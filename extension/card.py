@@ -26,8 +26,8 @@ def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str
         f"({'tied' if vocab['tied'] else 'untied'} input/output embeddings).",
         "",
         "Each new row started as the mean of the base rows of the term's original pieces"
-        + (f", then only the new rows were trained for {spec.steps} steps (every base weight is "
-           "unchanged)." if spec.steps else "; no training (init only)."),
+        + (f", then only the new rows were trained for {extension['trained_steps']} steps (every base weight is "
+           "unchanged)." if extension.get("trained_steps") else "; no training (init only)."),
         "Padding rows are set to the mean output row and listed in `generation_config.json` "
         "(`suppress_tokens`); they are never produced by the tokenizer.",
         "",

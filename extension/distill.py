@@ -97,9 +97,13 @@ def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 
 
 def term_contexts(model, extended, *, per_term: int = 4, max_new_tokens: int = 64, seed: int = 0,
                   work_dir: Path | None = None, should_cancel=None) -> list[str]:
-    """generate_texts, cached in work_dir so a resumed job trains on the very same texts."""
+    """generate_texts, cached in work_dir so a resumed job trains on the very same texts (the
+    cache key holds the base model's identity too: another model's texts are never reused)."""
+    from .train import run_identity
+
     key = hashlib.sha256(json.dumps(
-        [[t.term for t in extended.terms], per_term, max_new_tokens, seed, extended.base_vocab_size]
+        [[t.term for t in extended.terms], per_term, max_new_tokens, seed, extended.base_vocab_size,
+         run_identity(model, extended)]
     ).encode()).hexdigest()
     cache = Path(work_dir) / CONTEXTS_FILE if work_dir else None
     if cache is not None and cache.exists():
@@ -139,6 +143,11 @@ class TermContextObjective:
             raise ValueError("no usable term contexts")
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         self.batch_size, self.seed, self.objective = batch_size, seed, objective
+        self._fingerprint = hashlib.sha256(json.dumps([texts, objective, seq_len]).encode()).hexdigest()[:16]
+
+    def fingerprint(self) -> str:
+        """A digest of the contexts and the objective (part of a checkpoint's key)."""
+        return self._fingerprint
 
     def batch(self, step: int) -> list[Context]:
         chosen = []

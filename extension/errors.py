@@ -27,7 +27,16 @@ class InvalidCorpusError(TideError):
 
 
 class InvalidOptionError(TideError):
+    """A job option out of its range. Raised with `option` (its name in extension.options) and
+    `problem` ("must be ..., got ..."), so the CLI can name the flag and the API the JSON path;
+    a plain `message` is for option-like inputs outside the option table (terms, corpus)."""
+
     code = "invalid_option"
+
+    def __init__(self, message: str | None = None, *, option: str | None = None, problem: str | None = None,
+                 param: str | None = None, code: str | None = None):
+        self.option, self.problem = option, problem
+        super().__init__(message or f"{option} {problem}", param=param or option, code=code)
 
 
 class OutputExistsError(TideError):
@@ -36,3 +45,12 @@ class OutputExistsError(TideError):
 
 class JobCancelled(Exception):
     """Raised inside the pipeline when the cancel check says stop; not an error."""
+
+
+class UnsupportedCheckpointError(TideError):
+    """The base model is a training checkpoint whose optimizer state cannot be carried over."""
+
+    code = "unsupported_checkpoint"
+
+    def __init__(self, message: str, *, param: str | None = "base_model", code: str | None = None):
+        super().__init__(message, param=param, code=code)

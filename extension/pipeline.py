@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from . import corpus as corpus_io
 from .card import model_card
 from .errors import InvalidCorpusError, InvalidOptionError, InvalidTermsError, JobCancelled
+from .options import check_options
 from .models import ModelSources, load_model, load_tokenizer, resolve_model
 from .publish import check_output_dir, publish
 from .spec import Callbacks, ExtendSpec
@@ -48,21 +50,9 @@ class PipelineResult:
 
 def validate_spec(spec: ExtendSpec) -> None:
     """Cheap checks that need no model; the context-length limit is checked after loading."""
-    from .train import TrainConfig
-
     if not spec.terms and spec.corpus_path is None:
-        raise InvalidOptionError("give terms, a corpus, or both (--terms / --corpus)", param="terms")
-    for name, value, low, high in (
-        ("max_new_tokens", spec.max_new_tokens, 1, 100_000),
-        ("min_frequency", spec.min_frequency, 1, 1_000_000),
-        ("max_term_chars", spec.max_term_chars, 1, 1024),
-        ("pad_to_multiple_of", spec.pad_to_multiple_of, 1, 4096),
-        ("eval_max_bytes", spec.eval_max_bytes, 1000, 100_000_000),
-    ):
-        if not isinstance(value, int) or not low <= value <= high:
-            flag = "--" + name.replace("_", "-")
-            raise InvalidOptionError(f"{flag} must be an integer from {low} to {high}, got {value!r}", param=name)
-    TrainConfig.from_spec(spec).validate()
+        raise InvalidOptionError("give terms, a corpus, or both", param="terms")
+    check_options(spec)
 
 
 class _Stages:
@@ -89,7 +79,8 @@ class _Stages:
 
 def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSources | None = None) -> PipelineResult:
     from .evaluate import compare, evaluate_model, load_general_text
-    from .init import apply_rows, subword_mean_rows
+    from .init import apply_rows
+    from .optimizer_state import trainer_checkpoint
 
     callbacks = callbacks or Callbacks()
     sources = sources or DEFAULT_SOURCES
@@ -109,30 +100,15 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
 
     TrainConfig.from_spec(spec).validate(max_positions=max_positions(model))
 
-    mined = None
-    if spec.corpus_path is not None and not spec.terms:
-        stages.enter("mine")
-        mined = _mine(spec, tokenizer, callbacks)
-        extended = mined.extended
-    else:
-        stages.enter("extend")
-        extended = _extend(spec, tokenizer, callbacks)
-    if not extended.new_tokens:
-        raise InvalidTermsError(
-            "nothing to add: every term is already a single token of the base tokenizer (or a "
-            "duplicate); see the skipped list",
-            param="terms",
-        )
-    tokenizer_report = extended.to_json()  # per term and per token: big, so events get the counts
-    callbacks.on_event("extension", {"counts": tokenizer_report["counts"], "skipped": tokenizer_report["skipped"][:100]})
+    # A Trainer checkpoint as the base: checked now (layout, optimizer kind), carried at publish.
+    run_checkpoint = trainer_checkpoint(resolved.path, model) if resolved.kind in ("local", "models_dir") else None
 
-    stages.enter("init")
-    rows = subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
-
-    stages.enter("train")
-    history: list[dict] = []
-    if spec.steps > 0:
-        rows, history = _train(spec, model, extended, rows, callbacks)
+    vocabulary = new_vocabulary(spec, model, tokenizer, callbacks, stages)
+    extended, mined, rows = vocabulary.extended, vocabulary.mined, vocabulary.rows
+    tokenizer_report = extended.to_json()
+    trained = vocabulary.trained
+    history = trained.history if trained else []
+    steps_done = trained.steps_done if trained else 0
 
     stages.enter("evaluate")
     general = load_general_text()
@@ -155,7 +131,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         "after": after,
         "comparison": compare(before, after),
         "padding": {k: v for k, v in init_report.items() if k != "padding_ids"},
-        "training": {"steps": spec.steps, "history": history},
+        "training": {"steps": steps_done, "history": history},
     }
     callbacks.on_event("metrics", {"comparison": metrics["comparison"]})
 
@@ -164,19 +140,28 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         "base_model": {"name": spec.base_model, "source": resolved.kind},
         "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force"}},
         "init": "subword_mean",
-        "trained_steps": spec.steps,
+        "trained_steps": steps_done,
         "vocab": {k: init_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
         "padding_ids": init_report["padding_ids"],
         **tokenizer_report,
     }
     if mined is not None:
         extension["mining"] = mined.to_json()
+    write_extra = None
+    if run_checkpoint is not None:
+        optimizer_state, carried = run_checkpoint.extend(
+            model, base_vocab_size=extended.base_vocab_size,
+            adapter_optimizer_state=trained.optimizer_state if trained else None,
+        )
+        carried["files"] = run_checkpoint.write_list()
+        extension["trainer_checkpoint"] = carried
+        write_extra = lambda staging: run_checkpoint.write(staging, optimizer_state)  # noqa: E731
     card = model_card(spec, extension, metrics, history)
     manifest = publish(
         spec.out_dir, model=model, tokenizer=extended.tokenizer, extension=extension, metrics=metrics,
         model_card=card, history=history,
         adapter_token_ids=list(range(extended.base_vocab_size, init_report["vocab_size"])),
-        adapter_target_module=_embedding_module_name(model), force=spec.force,
+        adapter_target_module=_embedding_module_name(model), write_extra=write_extra, force=spec.force,
     )
     stages.close()
     return PipelineResult(
@@ -184,6 +169,50 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         mined_terms=[t for t in extension.get("mining", {}).get("terms", [])] if mined else None,
         seconds=stages.seconds,
     )
+
+
+@dataclass
+class NewVocabulary:
+    extended: Any  # tokenizer.ExtendedTokenizer
+    rows: Any  # init.NewRows: trained when `trained` is set, else the subword means
+    trained: Any = None  # train.TrainResult (history, steps done, the rows' AdamW state)
+    mined: Any = None  # mining.MiningResult for corpus jobs without terms
+
+
+def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, stages: "_Stages | None" = None,
+                   *, train_in_place: bool = False) -> NewVocabulary:
+    """The stages that make the new rows: mine or extend the tokenizer, init, train. Shared by
+    `run` and by extending a live Trainer run (extension.live), which trains on the live model
+    itself (`train_in_place`) instead of a device copy."""
+    from .init import subword_mean_rows
+
+    stages = stages or _Stages(callbacks)
+    mined = None
+    if spec.corpus_path is not None and not spec.terms:
+        stages.enter("mine")
+        mined = _mine(spec, tokenizer, callbacks)
+        extended = mined.extended
+    else:
+        stages.enter("extend")
+        extended = _extend(spec, tokenizer, callbacks)
+    if not extended.new_tokens:
+        raise InvalidTermsError(
+            "nothing to add: every term is already a single token of the base tokenizer (or a "
+            "duplicate); see the skipped list",
+            param="terms",
+        )
+    report = extended.to_json()  # per term and per token: big, so events get the counts
+    callbacks.on_event("extension", {"counts": report["counts"], "skipped": report["skipped"][:100]})
+
+    stages.enter("init")
+    rows = subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
+
+    stages.enter("train")
+    trained = None
+    if spec.steps > 0:
+        trained = _train(spec, model, extended, rows, callbacks, in_place=train_in_place)
+        rows = trained.rows
+    return NewVocabulary(extended=extended, rows=rows, trained=trained, mined=mined)
 
 
 def _extend(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
@@ -209,17 +238,17 @@ def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
     return mined
 
 
-def _train(spec: ExtendSpec, model, extended, rows, callbacks: Callbacks):
+def _train(spec: ExtendSpec, model, extended, rows, callbacks: Callbacks, *, in_place: bool = False):
     from .rows import attach
-    from .train import TrainConfig, build_training_data, train_rows, training_model
+    from .train import TrainConfig, build_training_data, run_identity, train_rows, training_model
 
+    identity = run_identity(model, extended)
     objective = build_training_data(spec, model, extended, callbacks)  # before attaching: it may generate
     # On a GPU this is a bf16 copy; the trained fp32 rows go back into the original model.
-    trained = training_model(model)
+    trained = model if in_place else training_model(model)
     adapter = attach(trained, extended.base_vocab_size, rows, pad_to_multiple_of=spec.pad_to_multiple_of)
     try:
-        result = train_rows(trained, adapter, objective, TrainConfig.from_spec(spec), callbacks)
-        return result.rows, result.history
+        return train_rows(trained, adapter, objective, TrainConfig.from_spec(spec), callbacks, identity=identity)
     finally:
         adapter.detach()
 

@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import OutputExistsError
 
@@ -111,10 +111,11 @@ def publish(
     history: list[dict] | None = None,
     adapter_token_ids: list[int] | None = None,
     adapter_target_module: str = "embed_tokens",
-    extra_files: dict[str, Path] | None = None,
+    write_extra: Callable[[Path], None] | None = None,
     force: bool = False,
 ) -> list[dict[str, Any]]:
-    """Write everything into a staging folder, then rename it to `out_dir`. Returns the manifest."""
+    """Write everything into a staging folder, then rename it to `out_dir`. Returns the manifest.
+    `write_extra(staging)` writes further files (a carried-over optimizer state) before the manifest."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir, force=force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -129,10 +130,8 @@ def publish(
         (staging / "README.md").write_text(model_card, encoding="utf-8")
         if adapter_token_ids:
             save_adapter(model, staging / "adapter", adapter_token_ids, adapter_target_module)
-        for name, source in (extra_files or {}).items():
-            target = staging / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)
+        if write_extra is not None:
+            write_extra(staging)
         manifest = build_manifest(staging)
         staging.chmod(0o755)  # mkdtemp makes it private; the API may serve it as another user
         write_json(staging / MANIFEST, {"files": manifest})

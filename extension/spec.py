@@ -2,44 +2,34 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, make_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from .options import OPTIONS
 
-@dataclass
-class ExtendSpec:
-    base_model: str
-    out_dir: Path
-    terms: list[str] | None = None
-    corpus_path: Path | None = None
-    corpus_text_field: str = "text"  # JSONL corpora
-    # mining
-    max_new_tokens: int = 300
-    min_frequency: int = 3
-    # tokenizer / init
-    max_term_chars: int = 64
-    pad_to_multiple_of: int = 64
-    # training (TrainConfig and the API schema read their defaults from here)
-    steps: int = 100
-    batch_size: int = 4
-    seq_len: int = 128
-    lr: float = 1e-4  # measured best of 1e-3 / 3e-4 / 1e-4 (benchmarks/results/window_sampling.md)
-    embedding_lr_multiplier: float = 5.0
-    weight_decay: float = 0.0
-    warmup_steps: int = 10
-    grad_clip: float = 1.0
-    seed: int = 0
-    checkpoint_every: int = 50
-    # evaluation: bytes of held-out domain text and of general text scored before and after
-    eval_max_bytes: int = 50_000
-    # service-only knobs
-    allow_local_paths: bool = True  # the CLI; the service sets False
-    force: bool = False
 
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in data.items()}
+def _to_json(self) -> dict[str, Any]:
+    data = asdict(self)
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in data.items()}
+
+
+# What a job asks for: its inputs, then every option of extension.options (defaults and ranges
+# live there, once), then how the caller runs it. Built from OPTIONS so a new option is one edit.
+ExtendSpec = make_dataclass(
+    "ExtendSpec",
+    [
+        ("base_model", str),
+        ("out_dir", Path),
+        ("terms", "list[str] | None", field(default=None)),
+        ("corpus_path", "Path | None", field(default=None)),
+        *[(option.name, option.kind, field(default=option.default)) for option in OPTIONS],
+        ("allow_local_paths", bool, field(default=True)),  # the CLI; the service sets False
+        ("force", bool, field(default=False)),  # replace an existing out_dir
+    ],
+    namespace={"to_json": _to_json},
+)
+ExtendSpec.__module__ = __name__
 
 
 def _noop(*_args, **_kwargs):

@@ -13,6 +13,8 @@ What a step trains on is an objective with `loss(adapter, step) -> (summed loss,
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import math
 import os
 import time
@@ -24,8 +26,9 @@ import torch
 
 from .errors import InvalidCorpusError, InvalidOptionError, JobCancelled
 from .init import NewRows
+from .options import DEFAULTS, check_options
 from .rows import RowsAdapter
-from .spec import Callbacks, ExtendSpec
+from .spec import Callbacks
 
 CHECKPOINT_NAME = "rows_checkpoint.pt"
 SAMPLING_MODES = ("centred", "sequential", "mixed")
@@ -39,16 +42,18 @@ DEFAULT_TERMS_OBJECTIVE = "distill"
 
 @dataclass
 class TrainConfig:
-    steps: int = ExtendSpec.steps
-    batch_size: int = ExtendSpec.batch_size
-    seq_len: int = ExtendSpec.seq_len
-    lr: float = ExtendSpec.lr
-    embedding_lr_multiplier: float = ExtendSpec.embedding_lr_multiplier
-    weight_decay: float = ExtendSpec.weight_decay
-    warmup_steps: int = ExtendSpec.warmup_steps
-    grad_clip: float = ExtendSpec.grad_clip
-    seed: int = ExtendSpec.seed
-    checkpoint_every: int = ExtendSpec.checkpoint_every
+    """The training options a run uses (defaults and ranges: extension/options.py)."""
+
+    steps: int = DEFAULTS["steps"]
+    batch_size: int = DEFAULTS["batch_size"]
+    seq_len: int = DEFAULTS["seq_len"]
+    lr: float = DEFAULTS["lr"]
+    embedding_lr_multiplier: float = DEFAULTS["embedding_lr_multiplier"]
+    weight_decay: float = DEFAULTS["weight_decay"]
+    warmup_steps: int = DEFAULTS["warmup_steps"]
+    grad_clip: float = DEFAULTS["grad_clip"]
+    seed: int = DEFAULTS["seed"]
+    checkpoint_every: int = DEFAULTS["checkpoint_every"]
     betas: tuple[float, float] = (0.9, 0.95)
     min_lr_ratio: float = 0.1
 
@@ -58,30 +63,14 @@ class TrainConfig:
         return cls(**{name: getattr(spec, name) for name in names if hasattr(spec, name)})
 
     def validate(self, *, max_positions: int | None = None) -> "TrainConfig":
-        """Raise InvalidOptionError naming the flag and its valid range."""
-        def bad(param: str, flag: str, value, valid: str):
-            raise InvalidOptionError(f"{flag} is {value!r}; it must be {valid}", param=param)
-
-        if not isinstance(self.steps, int) or self.steps < 0:
-            bad("steps", "--steps", self.steps, "an integer >= 0 (0 = initialise the rows only)")
-        if not isinstance(self.batch_size, int) or not 1 <= self.batch_size <= 4096:
-            bad("batch_size", "--batch-size", self.batch_size, "an integer from 1 to 4096")
-        top = max_positions or 1 << 20  # the model reads seq_len positions; targets are shifted
-        if not isinstance(self.seq_len, int) or not 2 <= self.seq_len <= top:
-            bad("seq_len", "--seq-len", self.seq_len, f"an integer from 2 to {top} (the model's context is {max_positions} positions)"
-                if max_positions else "an integer >= 2")
-        if not (self.lr > 0 and math.isfinite(self.lr)) or self.lr > 1:
-            bad("lr", "--lr", self.lr, "a number in (0, 1], e.g. 1e-3")
-        if not (self.embedding_lr_multiplier > 0 and math.isfinite(self.embedding_lr_multiplier)):
-            bad("embedding_lr_multiplier", "--embedding-lr-multiplier", self.embedding_lr_multiplier, "a positive number (default 5)")
-        if not 0 <= self.weight_decay <= 1:
-            bad("weight_decay", "--weight-decay", self.weight_decay, "a number from 0 to 1 (default 0)")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            bad("warmup_steps", "--warmup-steps", self.warmup_steps, "an integer >= 0")
-        if not self.grad_clip >= 0:
-            bad("grad_clip", "--grad-clip", self.grad_clip, "a number >= 0 (0 disables clipping)")
-        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
-            bad("checkpoint_every", "--checkpoint-every", self.checkpoint_every, "an integer >= 0 (0 = only at the end)")
+        """Raise InvalidOptionError naming the option and its valid range; with `max_positions`,
+        also check that a training sequence fits the model's context."""
+        check_options(self)
+        if max_positions is not None and self.seq_len > max_positions:
+            raise InvalidOptionError(
+                option="seq_len",
+                problem=f"must be at most the model's context of {max_positions} positions, got {self.seq_len}",
+            )
         return self
 
     def lr_at(self, step: int) -> float:
@@ -127,9 +116,14 @@ def train_rows(
     objective: Objective,
     config: TrainConfig,
     callbacks: Callbacks | None = None,
+    *,
+    identity: dict | None = None,
 ) -> TrainResult:
     """Train `adapter`'s rows for config.steps; resumes from callbacks.work_dir when it holds a
-    checkpoint of the same run. Raises JobCancelled (after checkpointing) when should_cancel()."""
+    checkpoint of the same run: same settings, same training data (`objective.fingerprint()`)
+    and same `identity` (`run_identity`: the base model and the new tokens), so a reused work
+    folder never resumes rows made for other terms or another model. Raises JobCancelled (after
+    checkpointing) when should_cancel()."""
     if adapter.model is not model:
         raise ValueError("the adapter is attached to a different model")
     callbacks = callbacks or Callbacks()
@@ -137,12 +131,13 @@ def train_rows(
     torch.manual_seed(config.seed)
     optimizer = torch.optim.AdamW(_param_groups(adapter, config), lr=config.lr, betas=config.betas, eps=1e-8)
     checkpoint = Path(callbacks.work_dir) / CHECKPOINT_NAME if callbacks.work_dir else None
-    start, history = _resume(checkpoint, adapter, optimizer, config, callbacks)
+    key = _run_key(adapter, config, objective, identity)
+    start, history = _resume(checkpoint, key, adapter, optimizer, callbacks)
     params = [p for group in optimizer.param_groups for p in group["params"]]
 
     for step in range(start, config.steps):
         if callbacks.should_cancel():
-            _save(checkpoint, adapter, optimizer, config, step, history)
+            _save(checkpoint, key, adapter, optimizer, step, history)
             raise JobCancelled(f"cancelled before training step {step + 1} of {config.steps}")
         began = time.perf_counter()
         lr = config.lr_at(step)
@@ -166,32 +161,49 @@ def train_rows(
         history.append(record)
         callbacks.on_progress(step + 1, config.steps, {k: record[k] for k in ("loss", "tokens_per_s", "lr")})
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
-            _save(checkpoint, adapter, optimizer, config, step + 1, history)
+            _save(checkpoint, key, adapter, optimizer, step + 1, history)
     steps_done = max(start, config.steps)
-    _save(checkpoint, adapter, optimizer, config, steps_done, history)
+    _save(checkpoint, key, adapter, optimizer, steps_done, history)
     return TrainResult(history=history, steps_done=steps_done, rows=adapter.rows(), resumed_from=start,
                        optimizer_state=optimizer.state_dict())
 
 
 # -- checkpoints ------------------------------------------------------------------------------
-def _run_key(adapter: RowsAdapter, config: TrainConfig) -> dict:
-    """What must match for a checkpoint to belong to this run (steps may grow on a re-run)."""
+def run_identity(model, extended) -> dict:
+    """What a checkpoint's rows belong to besides the settings: the base model (a digest of its
+    config and a strided sample of its embedding and head, so a different checkpoint of the same
+    architecture does not match) and the new tokens (strings, ids, original pieces)."""
+    digest = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
+    for matrix in {id(m): m for m in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)}.values():
+        sample = matrix.detach()[:: max(1, matrix.shape[0] // 4096)].float().cpu().contiguous()
+        digest.update(sample.numpy().tobytes())
+    tokens = [[t.id, t.token, t.base_ids] for t in extended.new_tokens]
+    return {
+        "base_model": digest.hexdigest()[:16],
+        "new_tokens": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16],
+    }
+
+
+def _run_key(adapter: RowsAdapter, config: TrainConfig, objective, identity: dict | None) -> dict:
+    """What must match for a checkpoint to belong to this run. `steps` is part of it because the
+    learning-rate schedule depends on the total; only checkpoint_every may change on a re-run."""
     key = asdict(config)
-    for free in ("steps", "checkpoint_every"):
-        key.pop(free)
+    key.pop("checkpoint_every")
     key["betas"] = list(key["betas"])
     key["rows"] = [list(p.shape) for p in adapter.parameters()]
     key["base_vocab_size"] = adapter.base_vocab_size
+    key["data"] = objective.fingerprint() if hasattr(objective, "fingerprint") else None
+    key.update(identity or {})
     return key
 
 
-def _save(path: Path | None, adapter, optimizer, config: TrainConfig, step: int, history: list[dict]) -> None:
+def _save(path: Path | None, key: dict, adapter, optimizer, step: int, history: list[dict]) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {
         "step": step,
-        "key": _run_key(adapter, config),
+        "key": key,
         "params": [p.detach().cpu().clone() for p in adapter.parameters()],
         "optimizer": optimizer.state_dict(),
         "history": history,
@@ -201,18 +213,24 @@ def _save(path: Path | None, adapter, optimizer, config: TrainConfig, step: int,
     os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoint intact
 
 
-def _resume(path: Path | None, adapter, optimizer, config: TrainConfig, callbacks: Callbacks) -> tuple[int, list[dict]]:
+def _resume(path: Path | None, key: dict, adapter, optimizer, callbacks: Callbacks) -> tuple[int, list[dict]]:
     if path is None or not path.exists():
         return 0, []
     state = torch.load(path, map_location="cpu", weights_only=False)
-    if state.get("key") != _run_key(adapter, config):
-        callbacks.on_warning(f"ignoring the checkpoint in {path.parent}: it belongs to a run with other settings")
+    saved = state.get("key") or {}
+    if saved != key:
+        differ = sorted(name for name in set(saved) | set(key) if saved.get(name) != key.get(name))
+        callbacks.on_warning(
+            "the work folder holds a checkpoint of another run (it differs in: " + ", ".join(differ)
+            + "); starting fresh and replacing it"
+        )
+        callbacks.on_event("train_fresh_start", {"differs_in": differ})
         return 0, []
     with torch.no_grad():
-        for param, saved in zip(adapter.parameters(), state["params"]):
-            param.copy_(saved)
+        for param, saved_param in zip(adapter.parameters(), state["params"]):
+            param.copy_(saved_param)
     optimizer.load_state_dict(state["optimizer"])
-    callbacks.on_event("train_resumed", {"step": state["step"], "checkpoint": str(path)})
+    callbacks.on_event("train_resumed", {"step": state["step"]})
     return state["step"], list(state["history"])
 
 
@@ -273,8 +291,8 @@ class TokenWindows:
         if tokens.numel() < needed:
             raise InvalidCorpusError(
                 f"the training part of the corpus has {tokens.numel()} tokens, too few for one batch of "
-                f"--batch-size {batch_size} x --seq-len {seq_len} (needs {needed}); give a larger corpus "
-                "or lower --batch-size / --seq-len",
+                f"batch_size {batch_size} x seq_len {seq_len} (needs {needed}); give a larger corpus "
+                "or lower batch_size / seq_len",
                 param="corpus",
             )
         self.tokens = tokens
@@ -283,6 +301,12 @@ class TokenWindows:
         self.sampling = sampling if len(self.occurrences) else "sequential"
         self.windows = (tokens.numel() - 1) // self.body  # sequential windows per pass
         self._cached_order: tuple[int, torch.Tensor | None] = (-1, None)
+
+    def fingerprint(self) -> str:
+        """A digest of the training data and how it is sampled (part of a checkpoint's key)."""
+        digest = hashlib.sha256(self.tokens.numpy().tobytes())
+        digest.update(json.dumps([self.sampling, self.prefix.tolist(), self.body]).encode())
+        return digest.hexdigest()[:16]
 
     def _generator(self, index: int, stream: int) -> torch.Generator:
         g = torch.Generator()

@@ -92,3 +92,41 @@ def tiny_gemma3(vocab_size: int = 256, seed: int = 0):
         sliding_window=16,
     )
     return Gemma3ForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    """The service tests' tiny random Llama with a real byte-level BPE tokenizer (built once per
+    checkout, a few seconds): for CLI runs of the whole pipeline that must be fast."""
+    from filelock import FileLock
+
+    from tests.service.conftest import build_tiny_model
+
+    cached = CACHE / "service-tiny-llama"
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(cached) + ".lock"):
+        if not (cached / "config.json").exists():
+            build_tiny_model(cached)
+    return cached
+
+
+@pytest.fixture(scope="session")
+def smollm2_untied_path(smollm2_path) -> Path:
+    """SmolLM2 made untied: lm_head cloned from the embedding, tie_word_embeddings false (same
+    weights at first, but every untied code path runs on real shapes). Built once per checkout."""
+    from filelock import FileLock
+
+    target = CACHE / "smollm2-135m-untied"
+    with FileLock(str(target) + ".lock"):
+        if not (target / "config.json").exists():
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            model = AutoModelForCausalLM.from_pretrained(smollm2_path)
+            model.config.tie_word_embeddings = False
+            model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
+            staging = target.with_name(target.name + ".partial")
+            model.save_pretrained(staging)
+            AutoTokenizer.from_pretrained(smollm2_path).save_pretrained(staging)
+            staging.rename(target)
+    return target

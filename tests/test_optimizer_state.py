@@ -1,107 +1,137 @@
-"""A real Trainer run on a tiny Llama: checkpoint, extend + train the new rows, carry the AdamW
-state over, and resume the user's training on the extended model."""
+"""Growing an AdamW state for new rows (extension/optimizer_state.py) on tiny models: the bias-
+correction rescale, and every state that cannot be carried refused with its reason. The real
+Trainer runs (saved checkpoint through the CLI, live callback) are in test_training_runs.py."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from extension.errors import InvalidOptionError
-from extension.init import NewRows
-from extension.optimizer_state import carry_trainer_state, extend_optimizer_state, is_trainer_checkpoint
-from extension.rows import attach
-from extension.train import TokenWindows, TrainConfig, train_rows
+from extension.errors import UnsupportedCheckpointError
+from extension.optimizer_state import grow_live_optimizer, grow_moments, trainer_checkpoint
 
 from .conftest import tiny_llama
 
-BASE_VOCAB, NEW = 250, 4  # 254 -> padded to 256 rows (the base checkpoint has 256 rows too)
+BASE_VOCAB, NEW = 250, 4
 
 
-class _Windows(torch.utils.data.Dataset):
-    def __init__(self, vocab: int, count: int = 16, seq_len: int = 16, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
-        self.ids = torch.randint(0, vocab, (count, seq_len), generator=g)
-
-    def __len__(self):
-        return len(self.ids)
-
-    def __getitem__(self, i):
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+def _adam_entry(rows: int, dim: int, step: float, seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"step": torch.tensor(step), "exp_avg": torch.randn(rows, dim, generator=g),
+            "exp_avg_sq": torch.rand(rows, dim, generator=g)}
 
 
-def _args(out, steps):
-    from transformers import TrainingArguments
+def test_new_rows_read_back_as_the_moments_tide_ended_with():
+    """Under the run's own step and betas, AdamW's bias-corrected moments of the new rows equal
+    TIDE's corrected moments, though the two were counted in different steps with other betas."""
+    run = _adam_entry(BASE_VOCAB, 8, step=1000.0)
+    rows = {**_adam_entry(NEW, 8, step=7.0, seed=1), "betas": (0.9, 0.95)}
+    run_betas = (0.9, 0.999)
+    grown = grow_moments(run, 256, BASE_VOCAB, rows, run_betas)
+    assert torch.equal(grown["exp_avg"][:BASE_VOCAB], run["exp_avg"])
+    assert torch.equal(grown["exp_avg_sq"][:BASE_VOCAB], run["exp_avg_sq"])
+    assert grown["step"] is run["step"]
+    new = slice(BASE_VOCAB, BASE_VOCAB + NEW)
+    for key, (b_run, b_rows) in {"exp_avg": (0.9, 0.9), "exp_avg_sq": (0.999, 0.95)}.items():
+        read_by_run = grown[key][new].double() / (1 - b_run**1000)
+        ended_with = rows[key].double() / (1 - b_rows**7)
+        torch.testing.assert_close(read_by_run, ended_with, rtol=1e-6, atol=1e-9)
+    assert torch.all(grown["exp_avg"][BASE_VOCAB + NEW:] == 0) and torch.all(grown["exp_avg_sq"][BASE_VOCAB + NEW:] == 0)
 
-    return TrainingArguments(
-        output_dir=str(out), max_steps=steps, save_steps=steps, per_device_train_batch_size=4,
-        learning_rate=1e-3, weight_decay=0.01, report_to=[], use_cpu=True, logging_steps=100,
-        dataloader_num_workers=0, seed=0,
-    )
+
+def test_untrained_new_rows_get_zero_moments():
+    grown = grow_moments(_adam_entry(BASE_VOCAB, 8, step=3.0), 256, BASE_VOCAB, None, (0.9, 0.999))
+    assert torch.all(grown["exp_avg"][BASE_VOCAB:] == 0) and grown["exp_avg"].shape == (256, 8)
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
-def user_checkpoint(request, tmp_path_factory):
+def test_live_optimizer_swaps_the_parameter_and_keeps_other_groups():
+    old = torch.nn.Parameter(torch.zeros(BASE_VOCAB, 8))
+    other = torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.AdamW([{"params": [other]}, {"params": [old], "lr": 5e-3, "weight_decay": 0.0}])
+    (old.sum() + other.sum()).backward()
+    optimizer.step()
+    other_state = {k: v.clone() for k, v in optimizer.state[other].items()}
+    new = torch.nn.Parameter(torch.zeros(256, 8))
+    report = grow_live_optimizer(optimizer, [(old, new, "input_rows")], base_vocab_size=BASE_VOCAB, adapter_optimizer_state=None)
+    assert report["resized"] == ["input_rows"] and optimizer.param_groups[1]["params"] == [new]
+    assert old not in optimizer.state and optimizer.state[new]["exp_avg"].shape == (256, 8)
+    assert all(torch.equal(optimizer.state[other][k], v) for k, v in other_state.items())
+    new.grad = torch.ones_like(new)
+    optimizer.step()  # the grown state is one AdamW accepts
+
+
+def test_an_optimizer_without_adam_moments_is_refused():
+    param = torch.nn.Parameter(torch.zeros(BASE_VOCAB, 4))
+    optimizer = torch.optim.SGD([param], lr=0.1, momentum=0.9)
+    param.sum().backward()
+    optimizer.step()
+    with pytest.raises(UnsupportedCheckpointError, match="only Adam/AdamW states"):
+        grow_live_optimizer(optimizer, [(param, torch.nn.Parameter(torch.zeros(256, 4)), "input_rows")],
+                            base_vocab_size=BASE_VOCAB, adapter_optimizer_state=None)
+
+
+def _fake_trainer_checkpoint(folder, model, groups):
+    """An optimizer.pt laid out as `groups` (lists of parameter names) with AdamW moments."""
     from transformers import Trainer
 
-    tied = request.param
-    out = tmp_path_factory.mktemp("user_run")
-    model = tiny_llama(vocab_size=256, tied=tied).train()
-    Trainer(model=model, args=_args(out, 3), train_dataset=_Windows(BASE_VOCAB)).train()
-    return tied, out / "checkpoint-3"
+    named = dict(model.named_parameters())
+    state, param_groups, index = {}, [], 0
+    for names in groups:
+        ids = []
+        for name in names:
+            state[index] = _adam_entry(*named[name].shape, step=2.0) if named[name].dim() == 2 else {
+                "step": torch.tensor(2.0), "exp_avg": torch.zeros_like(named[name]), "exp_avg_sq": torch.zeros_like(named[name])}
+            ids.append(index)
+            index += 1
+        param_groups.append({"params": ids, "betas": (0.9, 0.999), "lr": 1e-3, "weight_decay": 0.0})
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"state": state, "param_groups": param_groups}, folder / "optimizer.pt")
+    (folder / "trainer_state.json").write_text('{"global_step": 2}')
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    return [[n for n in named if n in decay], [n for n in named if n not in decay]]
 
 
-def test_extended_optimizer_state_resumes_the_users_training(user_checkpoint, tmp_path):
-    from transformers import AutoModelForCausalLM, Trainer
-
-    tied, checkpoint = user_checkpoint
-    assert is_trainer_checkpoint(checkpoint)
-    model = AutoModelForCausalLM.from_pretrained(checkpoint).eval()
-    d = model.config.hidden_size
-    rows = NewRows(input=torch.randn(NEW, d) * 0.02, output=None if tied else torch.randn(NEW, d) * 0.02)
-    adapter = attach(model, BASE_VOCAB, rows)
-    stream = torch.randint(0, BASE_VOCAB + NEW, (2000,), generator=torch.Generator().manual_seed(1))
-    config = TrainConfig(steps=3, batch_size=2, seq_len=16, warmup_steps=1)
-    trained = train_rows(model, adapter, TokenWindows(stream, base_vocab_size=BASE_VOCAB, batch_size=2, seq_len=16), config)
-    adapter.merge()
-    published = tmp_path / "published"
-    model.save_pretrained(published)
-    report = carry_trainer_state(checkpoint, published, model, base_vocab_size=BASE_VOCAB, num_new=NEW,
-                                 adapter_optimizer_state=trained.optimizer_state)
-    assert report["new_rows_from"] == "adapter" and report["global_step"] == 3
-    assert {"optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth"} <= set(report["files"])
-    assert report["resized"] == (["model.embed_tokens.weight"] if tied else ["model.embed_tokens.weight", "lm_head.weight"])
-
-    before = torch.load(checkpoint / "optimizer.pt", weights_only=True)
-    after = torch.load(published / "optimizer.pt", weights_only=True)
-    adapter_state = trained.optimizer_state["state"][0]
-    for index, entry in before["state"].items():
-        for key in ("exp_avg", "exp_avg_sq"):
-            old, new = entry[key], after["state"][index][key]
-            if old.shape[0] == 256 and old.dim() == 2:  # embedding / lm_head
-                assert new.shape == (256, d)
-                assert torch.equal(new[:BASE_VOCAB], old[:BASE_VOCAB])
-                assert torch.all(new[BASE_VOCAB + NEW:] == 0)
-                if index == 0:  # the input embedding: the adapter's moments for the new rows
-                    assert torch.equal(new[BASE_VOCAB:BASE_VOCAB + NEW], adapter_state[key])
-            else:
-                assert torch.equal(new, old)
-        assert torch.equal(after["state"][index]["step"], entry["step"])
-
-    extended = AutoModelForCausalLM.from_pretrained(published).train()
-    trainer = Trainer(model=extended, args=_args(tmp_path / "resumed", 5),
-                      train_dataset=_Windows(BASE_VOCAB + NEW, seed=2))
-    trainer.train(resume_from_checkpoint=str(published))
-    assert trainer.state.global_step == 5
-    steps = {int(s["step"]) for s in trainer.optimizer.state_dict()["state"].values()}
-    assert steps == {5}  # the carried state was loaded and continued, not restarted
+def test_trainer_layout_is_read_and_a_foreign_one_refused_naming_the_parameter(tmp_path):
+    model = tiny_llama(vocab_size=256)
+    default = _fake_trainer_checkpoint(tmp_path / "ok", model, [])
+    _fake_trainer_checkpoint(tmp_path / "ok", model, default)
+    assert trainer_checkpoint(tmp_path / "ok", model).global_step == 2
+    # the same parameters, the embedding moved into a group of its own: positions no longer match
+    embedding = "model.embed_tokens.weight"
+    custom = [[n for n in default[0] if n != embedding], default[1] + [embedding]]
+    _fake_trainer_checkpoint(tmp_path / "custom", model, custom)
+    with pytest.raises(UnsupportedCheckpointError) as caught:
+        trainer_checkpoint(tmp_path / "custom", model)
+    assert caught.value.param == "base_model"
+    assert caught.value.message.startswith(f"the base checkpoint's optimizer.pt does not match Trainer's layout at {embedding}")
+    assert "live callback" in caught.value.message
 
 
-def test_a_foreign_optimizer_state_is_refused(user_checkpoint):
-    from transformers import AutoModelForCausalLM
+def test_a_model_only_folder_is_no_checkpoint(tmp_path):
+    model = tiny_llama(vocab_size=256)
+    model.save_pretrained(tmp_path)
+    assert trainer_checkpoint(tmp_path, model) is None
 
-    _, checkpoint = user_checkpoint
-    model = AutoModelForCausalLM.from_pretrained(checkpoint)
-    state = torch.load(checkpoint / "optimizer.pt", weights_only=True)
-    state["param_groups"] = state["param_groups"][:1]
-    with pytest.raises(InvalidOptionError, match="layout"):
-        extend_optimizer_state(state, model, base_vocab_size=BASE_VOCAB, num_new=NEW)
+
+@pytest.mark.parametrize("marker, kind", [("zero_to_fp32.py", "DeepSpeed ZeRO"), ("optimizer_0", "FSDP"),
+                                          ("pytorch_model_fsdp_0", "FSDP")])
+def test_sharded_optimizer_states_are_refused(tmp_path, marker, kind):
+    model = tiny_llama(vocab_size=256)
+    model.save_pretrained(tmp_path)
+    (tmp_path / marker).mkdir() if "." not in marker else (tmp_path / marker).write_text("")
+    with pytest.raises(UnsupportedCheckpointError, match=kind):
+        trainer_checkpoint(tmp_path, model)
+
+
+def test_amsgrad_state_grows_too():
+    old = torch.nn.Parameter(torch.zeros(BASE_VOCAB, 8))
+    optimizer = torch.optim.AdamW([old], amsgrad=True)
+    old.sum().backward()
+    optimizer.step()
+    before = optimizer.state[old]["max_exp_avg_sq"].clone()
+    new = torch.nn.Parameter(torch.zeros(256, 8))
+    grow_live_optimizer(optimizer, [(old, new, "input_rows")], base_vocab_size=BASE_VOCAB, adapter_optimizer_state=None)
+    grown = optimizer.state[new]["max_exp_avg_sq"]
+    assert grown.shape == (256, 8) and torch.equal(grown[:BASE_VOCAB], before) and torch.all(grown[BASE_VOCAB:] == 0)
+    new.grad = torch.ones_like(new)
+    optimizer.step()

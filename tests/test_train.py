@@ -73,10 +73,34 @@ def test_resume_is_exact(tied, tmp_path):
 
 def test_cancel_stops_between_steps(tmp_path):
     with pytest.raises(JobCancelled):
-        _train(True, tmp_path, cancel_after=3)
+        _train(True, tmp_path / "cancelled", cancel_after=3)
+    assert torch.load(tmp_path / "cancelled" / CHECKPOINT_NAME, weights_only=False)["step"] == 3
     # a finished run resumes as done: no step is repeated
-    _, _, result, progress = _train(True, tmp_path, steps=3)
+    _train(True, tmp_path / "done", steps=3)
+    _, _, result, progress = _train(True, tmp_path / "done", steps=3)
     assert result.steps_done == 3 and progress == []
+
+
+def test_more_steps_start_fresh_because_the_schedule_changes(tmp_path):
+    """The cosine schedule depends on the total: rows from a 4-step run are not step 4 of 12."""
+    _train(True, tmp_path, steps=4)
+    warnings = []
+    model, adapter = _setup(True)
+    data = TokenWindows(_stream(), base_vocab_size=BASE_VOCAB, batch_size=2, seq_len=16, sampling="mixed")
+    result = train_rows(model, adapter, data, TrainConfig(**CONFIG), Callbacks(work_dir=tmp_path, on_warning=warnings.append))
+    assert result.resumed_from == 0 and "differs in: steps)" in warnings[0]
+    _, _, straight, _ = _train(True, steps=12)
+    assert torch.equal(result.rows.input, straight.rows.input)
+
+
+def test_checkpoint_for_other_data_or_model_is_ignored(tmp_path):
+    _train(True, tmp_path, steps=4)
+    warnings = []
+    model, adapter = _setup(True)
+    other_data = TokenWindows(_stream().flip(0), base_vocab_size=BASE_VOCAB, batch_size=2, seq_len=16, sampling="mixed")
+    result = train_rows(model, adapter, other_data, TrainConfig(**{**CONFIG, "steps": 4}),
+                        Callbacks(work_dir=tmp_path, on_warning=warnings.append), identity={"base_model": "other"})
+    assert result.resumed_from == 0 and "differs in: base_model, data)" in warnings[0]
 
 
 def test_progress_reports_loss_speed_and_lr():
@@ -107,10 +131,10 @@ def test_checkpoint_of_another_run_is_ignored(tmp_path):
     _train(True, tmp_path, steps=4)
     warnings = []
     model, adapter = _setup(True)
-    data = TokenWindows(_stream(), base_vocab_size=BASE_VOCAB, batch_size=2, seq_len=16)
+    data = TokenWindows(_stream(), base_vocab_size=BASE_VOCAB, batch_size=2, seq_len=16, sampling="mixed")
     result = train_rows(model, adapter, data, TrainConfig(**{**CONFIG, "steps": 4, "lr": 2e-3}),
                         Callbacks(work_dir=tmp_path, on_warning=warnings.append))
-    assert result.resumed_from == 0 and "other settings" in warnings[0]
+    assert result.resumed_from == 0 and "differs in: lr)" in warnings[0]
 
 
 def test_lr_schedule_warms_up_then_decays():
@@ -135,19 +159,23 @@ def test_embedding_rows_get_the_lr_multiplier():
     [("steps", -1, "--steps"), ("seq_len", 257, "--seq-len"), ("batch_size", 0, "--batch-size"),
      ("lr", 0.0, "--lr"), ("weight_decay", -0.1, "--weight-decay")],
 )
-def test_bad_values_name_the_flag_and_range(field, value, flag):
+def test_bad_values_name_the_option_and_range(field, value, flag):
+    from extension.options import option_error_for
+
     model = tiny_llama()
     with pytest.raises(InvalidOptionError) as caught:
         TrainConfig(**{field: value}).validate(max_positions=max_positions(model))
-    assert caught.value.param == field and flag in caught.value.message
+    assert caught.value.param == field and caught.value.message.startswith(f"{field} must be")
+    cli_message, _ = option_error_for(caught.value, style="cli")
+    assert cli_message.startswith(f"{flag} must be") and repr(value) in cli_message
     if field == "seq_len":
-        assert "2 to 256" in caught.value.message and "context is 256" in caught.value.message
+        assert "context of 256 positions" in caught.value.message
 
 
 def test_corpus_too_small_for_one_batch():
     with pytest.raises(InvalidCorpusError) as caught:
         TokenWindows(_stream(40), base_vocab_size=BASE_VOCAB, batch_size=4, seq_len=16)
-    assert caught.value.param == "corpus" and "--batch-size" in caught.value.message
+    assert caught.value.param == "corpus" and "batch_size 4 x seq_len 16" in caught.value.message
 
 
 def test_windows_are_a_function_of_the_step():

@@ -26,24 +26,14 @@ from app.db.jobs import Claim
 from app.db.models import Job, StoredFile, utcnow
 from app.settings import Settings
 from app.storage import archive_path, build_archive, job_artifacts_dir, job_work_dir, model_dir, remove_tree
-from extension.errors import JobCancelled, TideError
+from extension.errors import InvalidOptionError, JobCancelled, TideError
+from extension.options import OPTIONS, option_error_for
 from extension.spec import Callbacks, ExtendSpec
 
 log = logging.getLogger("tide.worker")
 
-# Spec fields -> the request field a client wrote, so a pipeline error names the right param.
-_PARAMS = {
-    **{name: f"training.{name}" for name in (
-        "steps", "batch_size", "seq_len", "lr", "embedding_lr_multiplier", "weight_decay",
-        "warmup_steps", "grad_clip", "seed", "checkpoint_every",
-    )},
-    "eval_max_bytes": "evaluation.max_bytes",
-    "max_new_tokens": "mining.max_new_tokens",
-    "min_frequency": "mining.min_frequency",
-    "corpus": "corpus_file_id",
-    "corpus_path": "corpus_file_id",
-    "out": None,
-}
+# Pipeline inputs -> the request field a client wrote (options are named by extension.options).
+_INPUT_PARAMS = {"corpus": "corpus_file_id", "corpus_path": "corpus_file_id", "out": None}
 _PROGRESS_WRITE_S = 0.5  # job row: at most twice a second
 _PROGRESS_EVENT_S = 5.0  # progress events (loss history): at most every 5 s
 
@@ -154,20 +144,28 @@ def build_spec(job: Job, corpus: StoredFile | None, settings: Settings) -> Exten
         out_dir=model_dir(settings, job.id),
         terms=request.get("terms"),
         corpus_path=Path(corpus.path) if corpus is not None else None,
-        corpus_text_field=request.get("corpus_text_field", "text"),
-        max_new_tokens=request["mining"]["max_new_tokens"],
-        min_frequency=request["mining"]["min_frequency"],
+        **request_options(request),
         max_term_chars=settings.max_term_chars,
-        pad_to_multiple_of=request["pad_to_multiple_of"],
-        **request["training"],
-        eval_max_bytes=request.get("evaluation", {}).get("max_bytes", 50_000),
         allow_local_paths=False,
         force=True,  # the folder is this job's own; a takeover republishes over a half-finished attempt
     )
 
 
-def _error_param(param: str | None) -> str | None:
-    return _PARAMS.get(param, param) if param else param
+def request_options(request: dict) -> dict:
+    """The options of a stored request as ExtendSpec keyword arguments (absent ones: defaults)."""
+    values = {}
+    for option in OPTIONS:
+        if option.api_group is not None:
+            group = request if option.api_group == "root" else request.get(option.api_group, {})
+            values[option.name] = group.get(option.api_name or option.name, option.default)
+    return values
+
+
+def _api_error(exc: TideError) -> tuple[str, str, str | None]:
+    """(code, message, param) of a pipeline error, naming the request field the client wrote."""
+    if isinstance(exc, InvalidOptionError):
+        return (exc.code, *option_error_for(exc, style="api"))
+    return exc.code, exc.message, _INPUT_PARAMS.get(exc.param, exc.param) if exc.param else exc.param
 
 
 def _is_out_of_memory(exc: BaseException) -> bool:
@@ -235,7 +233,7 @@ def _run_claimed(sessions, claim: Claim, settings: Settings, heartbeat: Heartbea
         return "cancelled"
     except TideError as exc:
         log.info("job %s failed: %s: %s", claim.job_id, exc.code, exc.message)
-        _fail(sessions, claim, settings, (exc.code, exc.message, _error_param(exc.param)))
+        _fail(sessions, claim, settings, _api_error(exc))
         return "failed"
     except BaseException as exc:
         if time_limit_error is not None and isinstance(exc, time_limit_error):

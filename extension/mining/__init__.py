@@ -11,11 +11,10 @@ bpe_continuation (the merge loop), filters, check (the full-corpus comparison), 
 
 from .bpe_continuation import Merge, continue_bpe
 from .filters import MiningFilters
-from .miner import MAX_NEW_TOKENS, check_mining_options, mine_terms, mine_texts
+from .miner import check_mining_options, mine_terms, mine_texts
 from .result import MinedTerm, MiningResult
 
 __all__ = [
-    "MAX_NEW_TOKENS",
     "Merge",
     "MinedTerm",
     "MiningFilters",

@@ -18,15 +18,14 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from ..corpus import is_held_out, iter_documents, iter_texts
-from ..errors import InvalidCorpusError, InvalidOptionError, JobCancelled
+from ..errors import InvalidCorpusError, JobCancelled
+from ..options import BY_NAME, DEFAULTS
 from .bpe_continuation import Continuation, continue_bpe
 from .check import EncodingCheck, compare_encodings
 from .filters import MiningFilters
 from .result import MinedTerm, MiningResult
 from .vocabulary import TokenizerView
 
-MAX_NEW_TOKENS = 100_000  # same bound as the pipeline's spec check
-MAX_MIN_FREQUENCY = 1_000_000_000
 _REPAIR_ROUNDS = 5
 
 
@@ -34,8 +33,8 @@ def mine_terms(
     tokenizer,
     corpus_path: Path | str,
     *,
-    max_new_tokens: int = 300,
-    min_frequency: int = 3,
+    max_new_tokens: int = DEFAULTS["max_new_tokens"],
+    min_frequency: int = DEFAULTS["min_frequency"],
     text_field: str = "text",
     filters: MiningFilters | None = None,
     should_cancel: Callable[[], bool] | None = None,
@@ -57,8 +56,8 @@ def mine_texts(
     tokenizer,
     texts: list[str],
     *,
-    max_new_tokens: int = 300,
-    min_frequency: int = 3,
+    max_new_tokens: int = DEFAULTS["max_new_tokens"],
+    min_frequency: int = DEFAULTS["min_frequency"],
     filters: MiningFilters | None = None,
     should_cancel: Callable[[], bool] | None = None,
 ) -> MiningResult:
@@ -77,16 +76,8 @@ def mine_texts(
 
 
 def check_mining_options(max_new_tokens: int, min_frequency: int) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS:
-        raise InvalidOptionError(
-            f"max_new_tokens must be an integer between 1 and {MAX_NEW_TOKENS}, got {max_new_tokens!r}",
-            param="max_new_tokens",
-        )
-    if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or not 1 <= min_frequency <= MAX_MIN_FREQUENCY:
-        raise InvalidOptionError(
-            f"min_frequency must be an integer between 1 and {MAX_MIN_FREQUENCY}, got {min_frequency!r}",
-            param="min_frequency",
-        )
+    BY_NAME["max_new_tokens"].check(max_new_tokens)
+    BY_NAME["min_frequency"].check(min_frequency)
 
 
 def _count_words(

@@ -1,0 +1,135 @@
+"""Every option of a job, declared once: name, type, default, range, help and where it appears.
+
+The CLI flags (app/cli_extend.py, app/cli_mine.py), the HTTP API's request schema (app/schemas.py,
+and so /docs), `ExtendSpec` (extension/spec.py) and the library's own checks are all built from
+`OPTIONS`, so a new option is one entry here and the three can never disagree.
+
+An error about an option is raised as `InvalidOptionError(option=name, problem=...)`; each caller
+names the option the way its user knows it: the CLI as its flag (`--batch-size`), the API as its
+JSON path (`training.batch_size`), the library as its name (`batch_size`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InvalidOptionError
+
+# Where an option sits in a POST /extend body: at the root, in a group object, or not at all
+# (server-side policy, set by the operator as a TIDE_* setting).
+API_GROUPS = ("root", "mining", "training", "evaluation")
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # ExtendSpec field and library name
+    kind: type  # int, float or str
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False  # (minimum, maximum] instead of [minimum, maximum]
+    api_group: str | None = "training"  # one of API_GROUPS, or None: not part of a request
+    api_name: str | None = None  # field name inside its group (default: name)
+    flag: str | None = None  # CLI flag (default: --name-with-dashes)
+
+    @property
+    def cli_flag(self) -> str:
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def api_path(self) -> str | None:
+        if self.api_group is None:
+            return None
+        field = self.api_name or self.name
+        return field if self.api_group == "root" else f"{self.api_group}.{field}"
+
+    def valid_range(self) -> str:
+        """The accepted values in words, e.g. 'an integer from 1 to 1024'."""
+        if self.kind is str:
+            return f"a string of {int(self.minimum or 0)} to {int(self.maximum)} characters"
+        noun, low, high = "a number", f"{self.minimum:g}", f"{self.maximum:g}"
+        if self.kind is int:
+            noun, low, high = "an integer", f"{int(self.minimum):,}", f"{int(self.maximum):,}"
+        if self.exclusive_minimum:
+            return f"{noun} above {low} and at most {high}"
+        return f"{noun} from {low} to {high}"
+
+    def problem(self, value: Any) -> str | None:
+        """None when `value` is acceptable, else what is wrong with it (without the option's name)."""
+        if self.kind is str:
+            ok = isinstance(value, str) and self.minimum <= len(value) <= self.maximum
+        else:
+            ok = _is_number(value, integer=self.kind is int) and (
+                (value > self.minimum if self.exclusive_minimum else value >= self.minimum) and value <= self.maximum
+            )
+        return None if ok else f"must be {self.valid_range()}, got {value!r}"
+
+    def check(self, value: Any) -> None:
+        problem = self.problem(value)
+        if problem is not None:
+            raise InvalidOptionError(option=self.name, problem=problem)
+
+
+def _is_number(value: Any, *, integer: bool) -> bool:
+    if isinstance(value, bool):
+        return False
+    if integer:
+        return isinstance(value, int)
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+OPTIONS: tuple[Option, ...] = (
+    # what is read from the corpus
+    Option("corpus_text_field", str, "text", "JSONL field holding the text", 1, 100, api_group="root", flag="--text-field"),
+    # mining (corpus jobs without terms)
+    Option("max_new_tokens", int, 300, "most new vocabulary entries mining may add, intermediates included", 1, 50_000, api_group="mining"),
+    Option("min_frequency", int, 3, "a mined candidate must occur at least this often in the corpus", 1, 1_000_000, api_group="mining"),
+    # tokenizer and rows
+    Option("max_term_chars", int, 64, "longest accepted term, in characters (on the service: the TIDE_MAX_TERM_CHARS setting)", 1, 1024, api_group=None),
+    Option("pad_to_multiple_of", int, 64, "pad the vocabulary up to a multiple of this (1: no padding)", 1, 4096, api_group="root"),
+    # training of the new rows
+    Option("steps", int, 100, "optimizer steps over the new rows (0: initialise them only)", 0, 1_000_000),
+    Option("batch_size", int, 4, "sequences per training step", 1, 1024),
+    Option("seq_len", int, 128, "tokens per training sequence (at most the model's context)", 8, 131_072),
+    # measured best of 1e-3 / 3e-4 / 1e-4 (benchmarks/results/window_sampling.md)
+    Option("lr", float, 1e-4, "base learning rate", 0, 1.0, exclusive_minimum=True),
+    Option("embedding_lr_multiplier", float, 5.0, "learning-rate multiplier for the new input rows (sparse gradients)", 0, 100.0, exclusive_minimum=True),
+    Option("weight_decay", float, 0.0, "AdamW weight decay on the new rows", 0, 1.0),
+    Option("warmup_steps", int, 10, "linear learning-rate warmup steps before the cosine decay", 0, 1_000_000),
+    Option("grad_clip", float, 1.0, "clip the new rows' gradient norm to this (0: no clipping)", 0, 1000.0),
+    Option("seed", int, 0, "random seed (batches, generated contexts)", 0, 2**31 - 1),
+    Option("checkpoint_every", int, 50, "steps between checkpoints in the work folder (0: only at the end)", 0, 1_000_000),
+    # evaluation
+    Option("eval_max_bytes", int, 50_000, "bytes of held-out domain text, and of general text, scored before and after",
+           1000, 100_000_000, api_group="evaluation", api_name="max_bytes", flag="--eval-bytes"),
+)
+
+BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
+DEFAULTS: dict[str, Any] = {option.name: option.default for option in OPTIONS}
+
+
+def check_options(values: Any, names: list[str] | None = None) -> None:
+    """Check the named options (default: every option) on an object that has them as attributes."""
+    for name in names or list(BY_NAME):
+        if hasattr(values, name):
+            BY_NAME[name].check(getattr(values, name))
+
+
+def by_api_path(path: str) -> Option | None:
+    for option in OPTIONS:
+        if option.api_path == path:
+            return option
+    return None
+
+
+def option_error_for(exc: InvalidOptionError, *, style: str) -> tuple[str, str | None]:
+    """(message, param) of an option error as a caller knows the option: style 'cli' or 'api'."""
+    option = BY_NAME.get(exc.option or "")
+    if option is None:
+        return exc.message, exc.param
+    label = option.cli_flag if style == "cli" else (option.api_path or f"the server setting TIDE_{option.name.upper()}")
+    param = exc.param if style == "api" and option.api_path is None else label
+    return f"{label} {exc.problem}", param

@@ -1,0 +1,60 @@
+"""A Trainer checkpoint as a job's base model, through the real API and worker: the published
+model is itself a resumable checkpoint (optimizer.pt grown, scheduler / trainer state / RNG
+carried), listed in the manifest like every other file; a sharded one is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from .conftest import TINY_MODEL, foldoc_documents, wait_for_status
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def checkpoint_name(service_settings) -> str:
+    """The tiny model trained 2 Trainer steps, saved as a checkpoint under the models directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
+    source = service_settings.models_dir / TINY_MODEL
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(source).train(), AutoTokenizer.from_pretrained(source)
+    tokenizer.pad_token = tokenizer.eos_token  # the default collator pads, even single rows
+    texts = [tokenizer(doc[:200])["input_ids"] for doc in foldoc_documents(16)]
+    rows = [{"input_ids": ids, "labels": ids} for ids in texts]
+    run = service_settings.data_dir / "user-run"
+    args = TrainingArguments(str(run), max_steps=2, save_steps=2, per_device_train_batch_size=1, report_to=[],
+                             use_cpu=True, logging_steps=1000, learning_rate=1e-3)
+    Trainer(model=model, args=args, train_dataset=rows, processing_class=tokenizer).train()
+    shutil.copytree(run / "checkpoint-2", service_settings.models_dir / "user-run-step-2")
+    return "user-run-step-2"
+
+
+def test_job_on_a_trainer_checkpoint_publishes_a_resumable_checkpoint(client, auth, worker, checkpoint_name):
+    body = {"base_model": checkpoint_name, "terms": ["multiprogramming", "hypertext"],
+            "training": {"steps": 2, "batch_size": 2, "seq_len": 32, "warmup_steps": 0}, "evaluation": {"max_bytes": 2000}}
+    response = client.post("/extend", json=body, headers=auth)
+    assert response.status_code == 202, response.text
+    job = wait_for_status(client, auth, response.json()["id"], {"succeeded", "failed"}, timeout=300, worker=worker)
+    assert job["status"] == "succeeded", job
+    manifest = client.get(job["artifacts"]["manifest_url"], headers=auth).json()
+    paths = {f["path"] for f in manifest["files"]}
+    assert {"optimizer.pt", "scheduler.pt", "trainer_state.json", "rng_state.pth", "model.safetensors"} <= paths
+    url = next(f["url"] for f in manifest["files"] if f["path"] == "tide_extension.json")
+    carried = json.loads(client.get(url, headers=auth).content)["trainer_checkpoint"]
+    assert carried["from_step"] == 2 and carried["new_rows_from"] == "adapter"
+
+
+def test_a_sharded_checkpoint_is_refused_with_the_reason(client, auth, worker, service_settings, checkpoint_name):
+    sharded = service_settings.models_dir / "user-run-zero"
+    shutil.copytree(service_settings.models_dir / checkpoint_name, sharded)
+    (sharded / "zero_to_fp32.py").write_text("# DeepSpeed's consolidation script\n")
+    body = {"base_model": "user-run-zero", "terms": ["hypertext"], "training": {"steps": 1, "batch_size": 1, "seq_len": 16}}
+    response = client.post("/extend", json=body, headers=auth)
+    assert response.status_code == 202, response.text
+    job = wait_for_status(client, auth, response.json()["id"], {"succeeded", "failed"}, timeout=120, worker=worker)
+    assert job["status"] == "failed" and job["error"]["code"] == "unsupported_checkpoint"
+    assert job["error"]["param"] == "base_model" and "DeepSpeed ZeRO" in job["error"]["message"]
+    assert job["artifacts"] is None
