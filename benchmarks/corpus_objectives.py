@@ -88,13 +88,13 @@ class HiddenStateDistance:
 
 def scale_tied_output_gradient(scale: float) -> None:
     """Make a tied adapter's output path pass `scale` x its gradient to the shared row."""
-    def out_rows(self):
+    def logit_rows(self):
         if not self.tied:
             return self.output_rows
         rows = self.input_rows
         return rows * scale + rows.detach() * (1 - scale) if torch.is_grad_enabled() else rows
 
-    RowsAdapter.out_rows = property(out_rows)
+    RowsAdapter.logit_rows = property(logit_rows)
 
 
 def run(domain: str, variant: str, steps: int, lr: float, eval_bytes: int) -> dict:

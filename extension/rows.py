@@ -212,6 +212,7 @@ class RowsAdapter(nn.Module):
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         device = embedding.weight.device
         self.input_rows = nn.Parameter(rows.input.detach().to(device, torch.float32).clone())
+        # Untied models only: the lm_head's own new rows. What the head scores with is `logit_rows`.
         self.output_rows = None if tied else nn.Parameter(rows.output.detach().to(device, torch.float32).clone())
         bias = rows.output_bias if not tied else None
         if bias is None and not tied and getattr(model.get_output_embeddings(), "bias", None) is not None:
@@ -225,7 +226,9 @@ class RowsAdapter(nn.Module):
         return self.output_rows is None
 
     @property
-    def out_rows(self) -> nn.Parameter:
+    def logit_rows(self) -> nn.Parameter:
+        """The rows the new tokens' logits come from: the shared `input_rows` when tied, the
+        untied model's own `output_rows` (None when tied) otherwise."""
         return self.input_rows if self.tied else self.output_rows
 
     # -- attaching ---------------------------------------------------------------------------
@@ -272,7 +275,7 @@ class RowsAdapter(nn.Module):
         old_weight, old_bias = _old_head_weight(self._base_head, self.base_vocab_size)
         parts = [
             F.linear(hidden, old_weight, old_bias).float(),
-            F.linear(hidden.float(), self.out_rows, self.output_bias),
+            F.linear(hidden.float(), self.logit_rows, self.output_bias),
         ]
         logits = torch.cat(parts, dim=-1)
         if self.softcap:
@@ -293,7 +296,7 @@ class RowsAdapter(nn.Module):
         chunk = self.chunk_positions(chunk_elements)
         old_weight, old_bias = _old_head_weight(self._base_head, self.base_vocab_size)
         total = _FusedRowsCrossEntropy.apply(
-            hidden2d, targets1d, self.out_rows, self.output_bias, old_weight, old_bias, chunk, self.softcap
+            hidden2d, targets1d, self.logit_rows, self.output_bias, old_weight, old_bias, chunk, self.softcap
         )
         return total, count
 
@@ -304,7 +307,7 @@ class RowsAdapter(nn.Module):
         chunk = self.chunk_positions(chunk_elements)
         old_weight, old_bias = _old_head_weight(self._base_head, self.base_vocab_size)
         return _FusedRowsCrossEntropy.apply(
-            hidden2d, targets, self.out_rows, self.output_bias, old_weight, old_bias, chunk, self.softcap
+            hidden2d, targets, self.logit_rows, self.output_bias, old_weight, old_bias, chunk, self.softcap
         )
 
     def chunk_positions(self, chunk_elements: int = DEFAULT_LOSS_CHUNK_ELEMENTS) -> int:

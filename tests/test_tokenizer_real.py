@@ -147,8 +147,33 @@ def test_probe_text_keeps_its_ids(real):
     assert reloaded.encode(LLAMA_CPP_PROBE_TEXT) == base.encode(LLAMA_CPP_PROBE_TEXT)
 
 
-def test_new_rows_start_from_the_original_pieces(real):
+@pytest.mark.parametrize("real", ["smollm2"], indirect=True)
+def test_new_rows_start_from_the_original_pieces(real, smollm2_path):
+    # Each new row of the real SmolLM2, initialised by extension.init, is the mean of the base
+    # rows of the token's original pieces: the base BPE of a merged string (intermediates, which
+    # may end inside a UTF-8 character, included), the base encoding of an added token's text.
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from extension.init import apply_rows, subword_mean_rows
+
     _, base, extended, _, _ = real
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path)
+    base_rows = model.get_input_embeddings().weight.detach().float().clone()
+    apply_rows(model, subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size),
+               base_vocab_size=extended.base_vocab_size)
+    rows = model.get_input_embeddings().weight.detach().float()
+    added = {term.forms[term.term] for term in extended.terms if term.mechanism == "added_token"}
+    assert added and any(token.kind == "intermediate" for token in extended.new_tokens)
     for token in extended.new_tokens:
-        assert len(token.base_ids) >= 2 and max(token.base_ids) < extended.base_vocab_size
-        assert base.decode(token.base_ids) == token.text
+        if token.id in added:
+            pieces = base(token.text, add_special_tokens=False)["input_ids"]
+        else:
+            pieces = [piece.id for piece in base.backend_tokenizer.model.tokenize(token.token)]
+            assert "".join(base.convert_ids_to_tokens(pieces)) == token.token
+        assert len(pieces) >= 2 and pieces == token.base_ids, (token.token, base.convert_ids_to_tokens(pieces))
+        assert base.decode(pieces) == token.text
+        torch.testing.assert_close(rows[token.id], base_rows[pieces].mean(0), rtol=1e-5, atol=1e-6,
+                                   msg=lambda detail: f"row of {token.token!r}: {detail}")
+    # Tied: the output head scores new tokens with the same rows.
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()

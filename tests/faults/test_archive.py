@@ -14,6 +14,8 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from app.errors import ApiError, error_response
+
 from app.downloads import ArchiveResponse
 from app.storage import ArchiveLayout
 
@@ -65,7 +67,8 @@ def test_any_byte_range_of_the_archive_is_served_and_resumes(model_folder):
         whole = reader.read(layout.size)
     sha = hashlib.sha256(whole).hexdigest()
     app = Starlette(routes=[Route("/archive", lambda _request: ArchiveResponse(
-        ArchiveLayout(model_folder, "job_x", MTIME), filename="job_x.tar", sha256=sha, mtime=MTIME))])
+        ArchiveLayout(model_folder, "job_x", MTIME), filename="job_x.tar", sha256=sha, mtime=MTIME))],
+        exception_handlers={ApiError: lambda _request, exc: error_response(exc.status, exc.code, exc.message, exc.param, exc.headers)})
     client = TestClient(app)
 
     full = client.get("/archive")
@@ -83,4 +86,8 @@ def test_any_byte_range_of_the_archive_is_served_and_resumes(model_folder):
     # the archive changed since (another ETag): the whole file again, never a mix
     stale = client.get("/archive", headers={"Range": "bytes=1000-", "If-Range": '"something-else"'})
     assert stale.status_code == 200 and stale.content == whole
-    assert client.get("/archive", headers={"Range": f"bytes={layout.size}-"}).status_code == 416
+    past_end = client.get("/archive", headers={"Range": f"bytes={layout.size}-"})
+    assert past_end.status_code == 416 and past_end.json()["error"]["code"] == "range_not_satisfiable"
+    assert past_end.headers["content-range"] == f"bytes */{layout.size}"
+    # an unparseable Range is ignored (RFC 9110): the whole archive
+    assert client.get("/archive", headers={"Range": "bytes=oops"}).content == whole
