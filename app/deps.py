@@ -75,7 +75,8 @@ _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 def browser_key(sessions: sessionmaker[Session], cookie_token: str, method: str, csrf: str | None) -> ApiKey:
     """The key behind a browser's session cookie. A browser attaches cookies to requests other
-    sites trigger too, so a state-changing request must also carry the page's CSRF token."""
+    sites trigger too, so a state-changing request must also carry the page's CSRF token
+    (a safe `method` checks the session alone)."""
     with sessions() as session:
         key = session_key(session, cookie_token)
     if key is None:

@@ -1,7 +1,7 @@
 """Request bodies are bounded before the app reads them.
 
 A request that carries a body must show a valid API key first (a bearer key, or a signed-in
-browser's session cookie with its CSRF token): an anonymous client gets its 401 before one byte of
+browser's live session cookie; its CSRF token is checked by the route, since a form may carry it in the body): an anonymous client gets its 401 before one byte of
 its body is read. The one exception is the sign-in form, whose body IS the key: it is capped at
 LOGIN_BODY_BYTES instead. Then the body is capped (TIDE_MAX_REQUEST_BODY_BYTES;
 corpus uploads TIDE_MAX_UPLOAD_BYTES) and every wait for its next piece is bounded
@@ -24,7 +24,7 @@ from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .db.browser_sessions import COOKIE_NAME, CSRF_HEADER
+from .db.browser_sessions import COOKIE_NAME
 from .deps import browser_key, key_for_token
 from .errors import ApiError, error_response
 from .settings import Settings
@@ -67,13 +67,16 @@ class RequestGuard:
             "file" if what == "upload" else "body",
         )
 
-    def _key(self, headers: Headers, method: str):
-        """The caller's API key, from the same rules as app.deps.current_key."""
+    def _bearer_key(self, headers: Headers):
+        """The caller's bearer key; for a signed-in browser only a check that its session is live
+        (None), since its CSRF token may travel in the body (the pages' forms): the route checks it
+        after reading (app.deps.current_key, the page routes)."""
         scheme, token = get_authorization_scheme_param(headers.get("authorization"))
         bearer = token if scheme.lower() == "bearer" else None
         cookies = cookie_parser(headers.get("cookie", ""))
         if not bearer and COOKIE_NAME in cookies:
-            return browser_key(self.sessions, cookies[COOKIE_NAME], method, headers.get(CSRF_HEADER))
+            browser_key(self.sessions, cookies[COOKIE_NAME], "GET", None)
+            return None
         return key_for_token(self.sessions, bearer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -85,10 +88,11 @@ class RequestGuard:
 
         if scope["path"].rstrip("/") != LOGIN_PATH:
             try:
-                key = await run_in_threadpool(self._key, headers, scope["method"])
+                key = await run_in_threadpool(self._bearer_key, headers)
             except ApiError as refusal:
                 return await _refuse(refusal, scope, send)
-            scope.setdefault("state", {})["api_key"] = key
+            if key is not None:
+                scope.setdefault("state", {})["api_key"] = key
 
         limit, _setting, _what = self._limit(scope)
         declared = headers.get("content-length", "")
