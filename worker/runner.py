@@ -146,6 +146,7 @@ def build_spec(job: Job, corpus: StoredFile | None, settings: Settings) -> Exten
         out_dir=model_dir(settings, job.id),
         terms=request.get("terms"),
         corpus_path=Path(corpus.path) if corpus is not None else None,
+        corpus_name=corpus.filename if corpus is not None else None,  # the name its owner gave it
         **request_options(request),
         max_term_chars=settings.max_term_chars,
         allow_local_paths=False,
