@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CACHE, REPO
-from tests.service.conftest import TINY_MODEL, build_tiny_model, settings_env
+from tests.service.conftest import TINY_MODEL, settings_env
 
 # a short, quick job on the tiny model; LONG trains until cancelled
 SHORT = {"steps": 2, "batch_size": 2, "seq_len": 64, "warmup_steps": 0}
@@ -116,18 +116,6 @@ class Worker:
 
     def log_tail(self, chars: int = 4000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir() -> Path:
-    from filelock import FileLock
-
-    cached = CACHE / "service-tiny-llama"  # the same tiny model the service tests use
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(cached) + ".lock"):
-        if not (cached / "config.json").exists():
-            build_tiny_model(cached)
-    return cached
 
 
 @pytest.fixture()
