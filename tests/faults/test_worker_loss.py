@@ -46,7 +46,9 @@ def test_a_dead_workers_job_is_marked_lost_resumed_by_another_then_failed_after_
 
         service.wait_for(job["id"], lambda _job: _event(service, job["id"], "train_resumed") is not None, 120, "training resumed")
         resumed = _event(service, job["id"], "train_resumed")["payload"]
-        assert 20 <= resumed["step"] <= lost["payload"]["step"] and resumed["step"] % 10 == 0  # the last checkpoint
+        # the last checkpoint: progress reaches the database throttled (worker/runner.py), so the step
+        # the job last recorded may trail the checkpoint written just before the kill by a few steps
+        assert 20 <= resumed["step"] <= lost["payload"]["step"] + TRAIN["checkpoint_every"] and resumed["step"] % 10 == 0
         again = service.wait_for_training(job["id"], min_step=resumed["step"] + 1)
         assert again["attempt"] == 2
         survivor = next(w for w in workers if w is not holder)
