@@ -21,6 +21,8 @@ def register(sub) -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder to write; refused if it exists unless --force")
     parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
     add_option_flags(parser)
+    parser.add_argument("--keep-all-terms", dest="selection", action="store_const", const="none", default=argparse.SUPPRESS,
+                        help="the same as --selection none: publish the last training step with every term")
     parser.add_argument("--work-dir", type=Path, help="checkpoint folder; rerunning with the same folder resumes")
     parser.add_argument("--json", action="store_true", help="print the result as JSON instead of a summary")
     parser.set_defaults(handler=_run)

@@ -34,6 +34,8 @@ class ErrorResponse(BaseModel):
 
 def _field(option: Option) -> tuple[type, Any]:
     """A pydantic field of `option`: its default, range and help, as /docs shows them."""
+    if option.choices:
+        return Literal[option.choices], Field(option.default, description=option.help[:1].upper() + option.help[1:])
     if option.kind is str:
         bounds = {"min_length": int(option.minimum), "max_length": int(option.maximum)}
     else:

@@ -31,6 +31,7 @@ def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str
         "Padding rows are set to the mean output row and listed in `generation_config.json` "
         "(`suppress_tokens`); they are never produced by the tokenizer.",
         "",
+        *_selection_lines(extension.get("selection") or {}),
         "## Before / after",
         "",
         metrics_table(metrics["before"], metrics["after"]),
@@ -67,3 +68,22 @@ def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _selection_lines(selection: dict) -> list[str]:
+    """What validation decided: the step published and the terms removed, with the measured reason."""
+    lines = []
+    if "best_step" in selection:
+        lines += [f"Validation ({selection['validation']['source']}, {selection['validation']['bytes']:,} bytes) chose "
+                  f"the rows of step {selection['best_step']} (step 0 = the initial rows).", ""]
+    if selection.get("skipped"):
+        lines += [f"No validation-based selection: {selection['skipped']}.", ""]
+    removed = selection.get("removed") or []
+    if removed:
+        lines += ["## Removed terms", "",
+                  f"{len(removed)} new tokens cost more than they saved on the validation text and were removed "
+                  "(net bits over the validation text; positive = harmful):", "",
+                  "| term | uses | net bits | reason |", "| --- | ---: | ---: | --- |"]
+        lines += [f"| `{entry['term']!r}` | {entry['occurrences']} | {entry['net_bits']:+.1f} | {entry['reason']} |" for entry in removed]
+        lines.append("")
+    return lines

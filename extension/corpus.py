@@ -3,7 +3,14 @@
 One function set used by mining, training and evaluation alike, so no held-out document is
 ever seen by mining or training. A document is a block of text between blank lines (plain
 text) or one record (JSONL). About `HELD_OUT_FRACTION` of documents, chosen by a hash of their
-text, are held out: the split is stable across runs, machines and corpus order.
+text, are held out: the split is stable across runs, machines and corpus order, and a document
+keeps its split when other documents are added or removed. The held-out part is cut in two by
+the same hash: a validation part (every decision a job makes: which training step, which terms)
+and a test part (only the numbers the job reports, which no decision saw).
+
+Small corpora: the split is per document, so a corpus of a few hundred documents may have an
+empty or tiny validation or test part; `split_sizes` tells, and the pipeline says in its report
+what it skipped (see extension/selection/plan.py for the minimum validation size).
 """
 
 from __future__ import annotations
@@ -16,7 +23,9 @@ from typing import Iterator
 
 from .errors import InvalidCorpusError
 
-HELD_OUT_FRACTION = 0.05
+HELD_OUT_FRACTION = 0.10  # validation + test
+TEST_FRACTION = 0.05  # the lower half of the held-out hash range; validation is the upper half
+SPLITS = ("train", "validation", "test")
 _CHUNK = 1 << 16
 
 
@@ -110,9 +119,22 @@ def iter_texts(texts: list[str]) -> Iterator[str]:
                 yield block.strip("\n")
 
 
-def is_held_out(document: str, fraction: float = HELD_OUT_FRACTION) -> bool:
+def _hash_position(document: str) -> float:
+    """Where the document's sha256 falls in [0, 1): the one number every split is cut from."""
     digest = hashlib.sha256(document.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") < fraction * 2**64
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def is_held_out(document: str, fraction: float = HELD_OUT_FRACTION) -> bool:
+    return _hash_position(document) < fraction
+
+
+def split_of(document: str) -> str:
+    """'test' (hash in [0, TEST_FRACTION)), 'validation' (up to HELD_OUT_FRACTION) or 'train'."""
+    position = _hash_position(document)
+    if position < TEST_FRACTION:
+        return "test"
+    return "validation" if position < HELD_OUT_FRACTION else "train"
 
 
 def train_documents(path: Path, **kwargs) -> Iterator[str]:
@@ -120,7 +142,15 @@ def train_documents(path: Path, **kwargs) -> Iterator[str]:
 
 
 def held_out_documents(path: Path, **kwargs) -> Iterator[str]:
+    """Validation and test documents together (what mining and training never see)."""
     return (doc for doc in iter_documents(path, **kwargs) if is_held_out(doc))
+
+
+def split_documents(path: Path, split: str, **kwargs) -> Iterator[str]:
+    """The documents of one of SPLITS ('train', 'validation', 'test'), in file order."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    return (doc for doc in iter_documents(path, **kwargs) if split_of(doc) == split)
 
 
 def check_corpus(path: Path, **kwargs) -> tuple[int, int]:

@@ -147,6 +147,7 @@ class TermContextObjective:
                 self.contexts.append(expand(context.student[:keep], self.base_vocab_size, pieces))
         if not self.contexts:
             raise ValueError("no usable term contexts")
+        self.validation_texts: list[str] = []  # held-out contexts (terms_objective fills them in)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         self.batch_size, self.seed, self.objective = batch_size, seed, objective
         self._fingerprint = hashlib.sha256(json.dumps([texts, objective, seq_len]).encode()).hexdigest()[:16]
@@ -242,14 +243,21 @@ class TermContextObjective:
 
 def terms_objective(model, extended, config, *, objective: str = "distill", per_term: int = 4,
                     max_new_tokens: int = 64, work_dir: Path | None = None, should_cancel=None,
-                    on_progress=None) -> TermContextObjective:
+                    on_progress=None, hold_out: bool = True) -> TermContextObjective:
     """The training data of a terms-only job (call before attaching the adapter).
 
     Generation is the slow part on a CPU, so no more contexts are sampled than the run can read
-    (steps x batch_size sequences), but every term gets at least one."""
+    (steps x batch_size sequences), but every term gets at least one. With `hold_out`, one more
+    context per term is written and kept out of training (`objective.validation_texts`): every
+    term then has text of its own on which training is checked against the init."""
     terms = max(1, len(extended.terms))
     per_term = max(1, min(per_term, -(-config.steps * config.batch_size // terms)))
-    texts = term_contexts(model, extended, per_term=per_term, max_new_tokens=max_new_tokens, seed=config.seed,
+    written = per_term + (1 if hold_out else 0)
+    texts = term_contexts(model, extended, per_term=written, max_new_tokens=max_new_tokens, seed=config.seed,
                           work_dir=work_dir, should_cancel=should_cancel, on_progress=on_progress)
-    return TermContextObjective(texts, extended, batch_size=config.batch_size, seq_len=config.seq_len,
-                                seed=config.seed, objective=objective)
+    # texts come term by term, `written` each: the last of each term's is held out
+    train = [text for index, text in enumerate(texts) if index % written < per_term]
+    built = TermContextObjective(train, extended, batch_size=config.batch_size, seq_len=config.seq_len,
+                                 seed=config.seed, objective=objective)
+    built.validation_texts = [text for index, text in enumerate(texts) if index % written >= per_term]
+    return built

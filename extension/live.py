@@ -106,7 +106,7 @@ def extend_live_run(trainer, spec: ExtendSpec, callbacks: Callbacks | None = Non
     optimizer_report = grow_live_optimizer(
         trainer.optimizer, [(before[role], after[role], role) for role in after],
         base_vocab_size=extended.base_vocab_size,
-        adapter_optimizer_state=vocabulary.trained.optimizer_state if vocabulary.trained else None,
+        adapter_optimizer_state=vocabulary.optimizer_state,
     )
     trainer.processing_class = extended.tokenizer
     report = extended.to_json()
@@ -116,6 +116,7 @@ def extend_live_run(trainer, spec: ExtendSpec, callbacks: Callbacks | None = Non
         "skipped": report["skipped"],
         "vocab": {k: rows_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
         "trained_steps": vocabulary.trained.steps_done if vocabulary.trained else 0,
+        "selection": {k: v for k, v in vocabulary.selection.items() if k != "effects"},
         "optimizer": optimizer_report,
     }
 

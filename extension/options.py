@@ -34,6 +34,7 @@ class Option:
     api_group: str | None = "training"  # one of API_GROUPS, or None: not part of a request
     api_name: str | None = None  # field name inside its group (default: name)
     flag: str | None = None  # CLI flag (default: --name-with-dashes)
+    choices: tuple[str, ...] | None = None  # str options: the accepted values (instead of a length range)
 
     @property
     def cli_flag(self) -> str:
@@ -48,6 +49,8 @@ class Option:
 
     def valid_range(self) -> str:
         """The accepted values in words, e.g. 'an integer from 1 to 1024'."""
+        if self.choices:
+            return "one of " + ", ".join(repr(choice) for choice in self.choices)
         if self.kind is str:
             return f"a string of {int(self.minimum or 0)} to {int(self.maximum)} characters"
         noun, low, high = "a number", f"{self.minimum:g}", f"{self.maximum:g}"
@@ -59,7 +62,9 @@ class Option:
 
     def problem(self, value: Any) -> str | None:
         """None when `value` is acceptable, else what is wrong with it (without the option's name)."""
-        if self.kind is str:
+        if self.choices:
+            ok = isinstance(value, str) and value in self.choices
+        elif self.kind is str:
             ok = isinstance(value, str) and self.minimum <= len(value) <= self.maximum
         else:
             ok = _is_number(value, integer=self.kind is int) and (
@@ -102,6 +107,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("grad_clip", float, 1.0, "clip the new rows' gradient norm to this (0: no clipping)", 0, 1000.0),
     Option("seed", int, 0, "random seed (batches, generated contexts)", 0, 2**31 - 1),
     Option("checkpoint_every", int, 50, "steps between checkpoints in the work folder (0: only at the end)", 0, 1_000_000),
+    # what is published (extension/selection): the best validation step and the terms that pay
+    Option("selection", str, "validation",
+           "'validation': publish the training step (step 0, the init, included) that scores best on the validation "
+           "split, and in corpus jobs drop the terms that cost more bits than they save; 'none': the last step, every term",
+           choices=("validation", "none"), api_group="root"),
     # evaluation
     Option("eval_max_bytes", int, 50_000, "bytes of held-out domain text, and of general text, scored before and after",
            1000, 100_000_000, api_group="evaluation", api_name="max_bytes", flag="--eval-bytes"),

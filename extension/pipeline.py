@@ -135,6 +135,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         "comparison": compare(before, after),
         "padding": {k: v for k, v in init_report.items() if k != "padding_ids"},
         "training": {"steps": steps_done, "history": history},
+        "selection": {k: v for k, v in vocabulary.selection.items() if k != "effects"},
     }
     callbacks.on_event("metrics", {"comparison": metrics["comparison"]})
 
@@ -145,9 +146,11 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force", "corpus_path"}},
         "init": "subword_mean",
         "trained_steps": steps_done,
+        "published_step": vocabulary.selection.get("best_step", steps_done),
         "vocab": {k: init_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
         "padding_ids": init_report["padding_ids"],
         **tokenizer_report,
+        "selection": vocabulary.selection,
     }
     if mined is not None:
         extension["mining"] = mined.to_json()
@@ -155,7 +158,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     if run_checkpoint is not None:
         optimizer_state, carried = run_checkpoint.extend(
             model, base_vocab_size=extended.base_vocab_size,
-            adapter_optimizer_state=trained.optimizer_state if trained else None,
+            adapter_optimizer_state=vocabulary.optimizer_state,
         )
         carried["files"] = run_checkpoint.write_list()
         extension["trainer_checkpoint"] = carried
@@ -181,13 +184,16 @@ class NewVocabulary:
     rows: Any  # init.NewRows: trained when `trained` is set, else the subword means
     trained: Any = None  # train.TrainResult (history, steps done, the rows' AdamW state)
     mined: Any = None  # mining.MiningResult for corpus jobs without terms
+    selection: dict = field(default_factory=dict)  # what validation decided (tide_extension.json "selection")
+    optimizer_state: Any = None  # the published rows' AdamW state (trained.optimizer_state, kept rows only)
 
 
 def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, stages: "_Stages | None" = None,
                    *, train_in_place: bool = False, corpus_documents: int = 0) -> NewVocabulary:
-    """The stages that make the new rows: mine or extend the tokenizer, init, train. Shared by
-    `run` and by extending a live Trainer run (extension.live), which trains on the live model
-    itself (`train_in_place`) instead of a device copy."""
+    """The stages that make the new rows: mine or extend the tokenizer, init, train, and choose
+    what to publish on the validation text (the best step; for corpus jobs, the terms that pay).
+    Shared by `run` and by extending a live Trainer run (extension.live), which trains on the live
+    model itself (`train_in_place`) instead of a device copy."""
     from .init import subword_mean_rows
     from .train import build_training_data
 
@@ -222,10 +228,88 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
     else:
         stages.enter("train")
         objective = build_training_data(spec, model, extended, callbacks) if spec.steps > 0 else None
+    validation, selection = _validation_text(spec, model, tokenizer, objective, callbacks)
     if objective is not None:
-        trained = _train(spec, model, extended, rows, objective, callbacks, in_place=train_in_place)
+        trained = _train(spec, model, extended, rows, objective, callbacks, in_place=train_in_place, validation=validation)
         rows = trained.rows
-    return NewVocabulary(extended=extended, rows=rows, trained=trained, mined=mined)
+        selection.update(_step_report(trained, validation))
+    vocabulary = NewVocabulary(extended=extended, rows=rows, trained=trained, mined=mined, selection=selection,
+                               optimizer_state=trained.optimizer_state if trained else None)
+    if validation is not None:
+        _choose_terms(spec, model, tokenizer, vocabulary, validation, callbacks)
+    callbacks.on_event("selection", {k: v for k, v in selection.items() if k not in ("effects", "validation_curve")})
+    return vocabulary
+
+
+def _validation_text(spec: ExtendSpec, model, tokenizer, objective, callbacks: Callbacks):
+    """(ValidationSet or None, the selection report so far). Scored by the plain base model."""
+    from .selection import build_validation
+    from .selection.plan import MIN_VALIDATION_BYTES
+
+    if spec.selection == "none":
+        return None, {"mode": "none"}
+    if spec.corpus_path is not None:
+        documents = list(corpus_io.split_documents(spec.corpus_path, "validation", text_field=spec.corpus_text_field,
+                                                   label=_corpus_label(spec)))
+        source = "corpus validation split"
+    else:
+        documents = list(getattr(objective, "validation_texts", []))
+        source = "held-out generated contexts"
+    # Generated contexts: one per term, however short, is a guard worth having (it decides only
+    # the step, never which terms stay); a corpus's validation text must be big enough to decide on.
+    minimum = MIN_VALIDATION_BYTES if spec.corpus_path is not None else 1
+    validation = build_validation(model, tokenizer, documents, source=source, min_bytes=minimum) if documents else None
+    if validation is None:
+        size = sum(len(d.encode("utf-8")) for d in documents)
+        skipped = (f"the {source} holds {size:,} bytes, under the {MIN_VALIDATION_BYTES:,} needed to decide on; "
+                   "the last training step and every term are published" + (
+                       " (give a larger corpus: about 5% of documents, chosen by hash, are validation)" if spec.corpus_path else ""))
+        if spec.corpus_path is not None or spec.steps > 0:
+            callbacks.on_warning(f"no validation: {skipped}")
+        return None, {"mode": spec.selection, "skipped": skipped}
+    return validation, {"mode": spec.selection, "validation": validation.report()}
+
+
+def _step_report(trained, validation) -> dict:
+    if validation is None or trained.best_step is None:
+        return {}
+    share = trained.seconds["validation"] / trained.seconds["training"] if trained.seconds.get("training") else None
+    return {"best_step": trained.best_step, "validation_curve": trained.validation,
+            "step_validation_bits_per_byte_base": validation.base_bits_per_byte(validation.step_chunks),
+            "seconds": trained.seconds, "validation_share": share}
+
+
+def _choose_terms(spec: ExtendSpec, model, tokenizer, vocabulary: NewVocabulary, validation, callbacks: Callbacks) -> None:
+    """Corpus jobs: drop the terms that do not pay (selection.terms). Terms-only jobs keep the
+    user's terms and report each one's measured effect on its held-out contexts."""
+    from .selection.terms import keep_optimizer_rows, measure_terms, merges_rebuilder, select_terms, term_units, terms_rebuilder, token_units
+
+    extended = vocabulary.extended
+    units = token_units(extended) if vocabulary.mined is not None else term_units(extended)
+    if spec.corpus_path is None:
+        vocabulary.selection.update(measure_terms(model, extended, vocabulary.rows, validation, units=units,
+                                                  pad_to_multiple_of=spec.pad_to_multiple_of))
+        return
+    rebuild = (merges_rebuilder(tokenizer, vocabulary.mined.merges) if vocabulary.mined is not None
+               else terms_rebuilder(tokenizer, max_term_chars=spec.max_term_chars))
+    started = time.perf_counter()
+    chosen = select_terms(model, extended, vocabulary.rows, validation, units=units, rebuild=rebuild,
+                          pad_to_multiple_of=spec.pad_to_multiple_of, should_cancel=callbacks.should_cancel)
+    vocabulary.selection.update(chosen.to_json(), terms_seconds=round(time.perf_counter() - started, 3))
+    if chosen.extended is None:
+        last = chosen.rounds[-1]
+        raise InvalidCorpusError(
+            f"no new token paid for itself on the corpus's validation split: with {chosen.rounds[0]['new_tokens']} new "
+            f"tokens the model scored {chosen.rounds[0]['bits_per_byte']:.4f} bits per byte there, and after "
+            f"{len(chosen.rounds)} rounds of removing the harmful ones still {last['bits_per_byte']:.4f} against the base "
+            f"model's {last['base_bits_per_byte']:.4f}; nothing was published. Train longer (steps), give more text, "
+            "or publish every term anyway with selection 'none' (--keep-all-terms)",
+            param="corpus",
+        )
+    for entry in chosen.removed:
+        callbacks.on_warning(f"term {entry['term']!r} removed: {entry['reason']}")
+    vocabulary.optimizer_state = keep_optimizer_rows(vocabulary.optimizer_state, chosen.kept_index, len(extended.new_tokens))
+    vocabulary.extended, vocabulary.rows = chosen.extended, chosen.rows
 
 
 def _extend(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
@@ -253,25 +337,35 @@ def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks, documents: int):
     return mined
 
 
-def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callbacks, *, in_place: bool = False):
-    """Train the new rows on `objective` (built from the plain base model, before attaching)."""
+def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callbacks, *, in_place: bool = False,
+           validation=None):
+    """Train the new rows on `objective` (built from the plain base model, before attaching),
+    keeping the best step on `validation` when there is one."""
     from .rows import attach
+    from .selection import StepScorer, ValidationPlan
     from .train import TrainConfig, run_identity, train_rows, training_model
 
     identity = run_identity(model, extended)
+    config = TrainConfig.from_spec(spec)
+    validate = None
+    if validation is not None:
+        plan = ValidationPlan.for_training(steps=config.steps, batch_size=config.batch_size, seq_len=config.seq_len,
+                                           available_tokens=validation.base.tokens)
+        validate = StepScorer(validation, extended, plan)
     # On a GPU this is a bf16 copy; the trained fp32 rows go back into the original model.
     trained = model if in_place else training_model(model)
     adapter = attach(trained, extended.base_vocab_size, rows, pad_to_multiple_of=spec.pad_to_multiple_of)
     try:
-        return train_rows(trained, adapter, objective, TrainConfig.from_spec(spec), callbacks, identity=identity)
+        return train_rows(trained, adapter, objective, config, callbacks, identity=identity, validate=validate)
     finally:
         adapter.detach()
 
 
 def _held_out_docs(spec: ExtendSpec) -> list[str]:
+    """The test split: what the job reports on, which no decision saw."""
     if spec.corpus_path is None:
         return []
-    return list(corpus_io.held_out_documents(spec.corpus_path, text_field=spec.corpus_text_field, label=_corpus_label(spec)))
+    return list(corpus_io.split_documents(spec.corpus_path, "test", text_field=spec.corpus_text_field, label=_corpus_label(spec)))
 
 
 def _corpus_label(spec: ExtendSpec) -> str:

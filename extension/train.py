@@ -93,9 +93,45 @@ class Objective(Protocol):
 class TrainResult:
     history: list[dict]
     steps_done: int
-    rows: NewRows
+    rows: NewRows  # the published rows: the best validated step's when there was validation
     resumed_from: int = 0
-    optimizer_state: dict | None = field(default=None, repr=False)  # for optimizer_state.py
+    optimizer_state: dict | None = field(default=None, repr=False)  # of those rows, for optimizer_state.py
+    best_step: int | None = None  # the step whose rows these are (0 = the init); None: no validation
+    validation: list[dict] = field(default_factory=list)  # [{step, bits_per_byte}]
+    seconds: dict = field(default_factory=dict)  # {"training": s, "validation": s}
+
+
+class StepValidation(Protocol):
+    """What train_rows asks of a validation scorer (extension.selection builds one)."""
+
+    def due(self, step: int) -> bool: ...
+
+    def __call__(self, adapter: RowsAdapter) -> float: ...
+
+
+class _BestRows:
+    """The rows and optimizer state of the best-scoring step so far (ties keep the earlier step:
+    fewer steps for the same score). Step 0's optimizer state is None: no moments yet."""
+
+    def __init__(self, saved: dict | None = None):
+        saved = saved or {}
+        self.step, self.score = saved.get("step"), saved.get("score", float("inf"))
+        self.rows, self.optimizer_state = saved.get("rows"), saved.get("optimizer_state")
+        self.history: list[dict] = list(saved.get("history", []))
+        self.seconds: float = saved.get("seconds", 0.0)
+
+    def consider(self, step: int, adapter: RowsAdapter, optimizer, validate: StepValidation) -> None:
+        began = time.perf_counter()
+        score = validate(adapter)
+        self.seconds += time.perf_counter() - began
+        self.history.append({"step": step, "bits_per_byte": score})
+        if score < self.score:
+            self.step, self.score, self.rows = step, score, adapter.rows()
+            self.optimizer_state = copy.deepcopy(optimizer.state_dict()) if step > 0 else None
+
+    def to_state(self) -> dict:
+        return {"step": self.step, "score": self.score, "rows": self.rows, "optimizer_state": self.optimizer_state,
+                "history": self.history, "seconds": self.seconds}
 
 
 def _param_groups(adapter: RowsAdapter, config: TrainConfig) -> list[dict]:
@@ -118,6 +154,7 @@ def train_rows(
     callbacks: Callbacks | None = None,
     *,
     identity: dict | None = None,
+    validate: StepValidation | None = None,
 ) -> TrainResult:
     """Train `adapter`'s rows for config.steps; resumes from callbacks.work_dir when it holds a
     checkpoint of the same run: same settings, same training data (`objective.fingerprint()`)
@@ -132,12 +169,15 @@ def train_rows(
     optimizer = torch.optim.AdamW(_param_groups(adapter, config), lr=config.lr, betas=config.betas, eps=1e-8)
     checkpoint = Path(callbacks.work_dir) / CHECKPOINT_NAME if callbacks.work_dir else None
     key = _run_key(adapter, config, objective, identity)
-    start, history = _resume(checkpoint, key, adapter, optimizer, callbacks)
+    start, history, best = _resume(checkpoint, key, adapter, optimizer, callbacks)
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    if validate is not None and start == 0:
+        best.consider(0, adapter, optimizer, validate)
+    training_seconds = sum(record.get("seconds", 0.0) for record in history)
 
     for step in range(start, config.steps):
         if callbacks.should_cancel():
-            _save(checkpoint, key, adapter, optimizer, step, history)
+            _save(checkpoint, key, adapter, optimizer, step, history, best)
             raise JobCancelled(f"cancelled before training step {step + 1} of {config.steps}")
         began = time.perf_counter()
         lr = config.lr_at(step)
@@ -150,6 +190,7 @@ def train_rows(
         grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else float("inf"))
         optimizer.step()
         elapsed = time.perf_counter() - began
+        training_seconds += elapsed
         record = {
             "step": step + 1,
             "loss": float(loss.detach()),
@@ -157,15 +198,22 @@ def train_rows(
             "grad_norm": float(grad_norm),
             "tokens": count,
             "tokens_per_s": count / elapsed if elapsed > 0 else 0.0,
+            "seconds": elapsed,
         }
         history.append(record)
+        if validate is not None and validate.due(step + 1):
+            best.consider(step + 1, adapter, optimizer, validate)
         callbacks.on_progress(step + 1, config.steps, {k: record[k] for k in ("loss", "tokens_per_s", "lr")})
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
-            _save(checkpoint, key, adapter, optimizer, step + 1, history)
+            _save(checkpoint, key, adapter, optimizer, step + 1, history, best)
     steps_done = max(start, config.steps)
-    _save(checkpoint, key, adapter, optimizer, steps_done, history)
-    return TrainResult(history=history, steps_done=steps_done, rows=adapter.rows(), resumed_from=start,
-                       optimizer_state=optimizer.state_dict())
+    _save(checkpoint, key, adapter, optimizer, steps_done, history, best)
+    seconds = {"training": round(training_seconds, 3), "validation": round(best.seconds, 3)}
+    if validate is None or best.step is None:
+        return TrainResult(history=history, steps_done=steps_done, rows=adapter.rows(), resumed_from=start,
+                           optimizer_state=optimizer.state_dict(), seconds=seconds)
+    return TrainResult(history=history, steps_done=steps_done, rows=best.rows, resumed_from=start,
+                       optimizer_state=best.optimizer_state, best_step=best.step, validation=best.history, seconds=seconds)
 
 
 # -- checkpoints ------------------------------------------------------------------------------
@@ -197,7 +245,7 @@ def _run_key(adapter: RowsAdapter, config: TrainConfig, objective, identity: dic
     return key
 
 
-def _save(path: Path | None, key: dict, adapter, optimizer, step: int, history: list[dict]) -> None:
+def _save(path: Path | None, key: dict, adapter, optimizer, step: int, history: list[dict], best: _BestRows) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -207,15 +255,16 @@ def _save(path: Path | None, key: dict, adapter, optimizer, step: int, history: 
         "params": [p.detach().cpu().clone() for p in adapter.parameters()],
         "optimizer": optimizer.state_dict(),
         "history": history,
+        "best": best.to_state(),
     }
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)  # a crash mid-save leaves the previous checkpoint intact
 
 
-def _resume(path: Path | None, key: dict, adapter, optimizer, callbacks: Callbacks) -> tuple[int, list[dict]]:
+def _resume(path: Path | None, key: dict, adapter, optimizer, callbacks: Callbacks) -> tuple[int, list[dict], _BestRows]:
     if path is None or not path.exists():
-        return 0, []
+        return 0, [], _BestRows()
     state = torch.load(path, map_location="cpu", weights_only=False)
     saved = state.get("key") or {}
     if saved != key:
@@ -225,14 +274,14 @@ def _resume(path: Path | None, key: dict, adapter, optimizer, callbacks: Callbac
             + "); starting fresh and replacing it"
         )
         callbacks.on_event("train_fresh_start", {"differs_in": differ})
-        return 0, []
+        return 0, [], _BestRows()
     with torch.no_grad():
         for param, saved_param in zip(adapter.parameters(), state["params"]):
             param.copy_(saved_param)
     optimizer.load_state_dict(state["optimizer"])
     # The checkpoint's name, never its path: events reach the service's clients.
     callbacks.on_event("train_resumed", {"step": state["step"], "checkpoint": path.name})
-    return state["step"], list(state["history"])
+    return state["step"], list(state["history"]), _BestRows(state.get("best"))
 
 
 # -- corpus data ------------------------------------------------------------------------------
@@ -379,7 +428,7 @@ def build_training_data(spec, model, extended, callbacks: Callbacks | None = Non
     from .distill import terms_objective as build
 
     return build(model, extended, config, objective=terms_objective, work_dir=callbacks.work_dir,
-                 should_cancel=callbacks.should_cancel,
+                 should_cancel=callbacks.should_cancel, hold_out=getattr(spec, "selection", "none") == "validation",
                  on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "contexts"}))
 
 

@@ -16,6 +16,8 @@ from .conftest import TINY_MODEL
 
 def _outside(option: Option) -> list:
     """Values just outside the range on both sides, and a value of the wrong type."""
+    if option.choices:
+        return ["not-" + option.choices[0], "3", 3]
     if option.kind is str:
         return ["x" * (int(option.maximum) + 1)] + ([""] if option.minimum >= 1 else [])
     below = option.minimum if option.exclusive_minimum else option.minimum - (1 if option.kind is int else 0.001)
@@ -65,8 +67,10 @@ def test_library_spec_default_and_range(option):
     spec = ExtendSpec(base_model="m", out_dir="o", terms=["kernel"])
     assert getattr(spec, option.name) == option.default
     validate_spec(spec)
-    for low_or_high in (option.minimum, option.maximum):
-        if option.kind is str:
+    for low_or_high in option.choices or (option.minimum, option.maximum):
+        if option.choices:
+            value = low_or_high
+        elif option.kind is str:
             value = "x" * int(low_or_high)
         elif option.exclusive_minimum and low_or_high == option.minimum:
             continue
@@ -107,7 +111,9 @@ def test_api_schema_and_errors_match(option, client, auth):
         return
     prop = _schema_property(ExtendRequest.model_json_schema(), option)
     assert prop["default"] == option.default
-    if option.kind is str:
+    if option.choices:
+        assert prop["enum"] == list(option.choices)
+    elif option.kind is str:
         assert (prop["minLength"], prop["maxLength"]) == (option.minimum, option.maximum)
     else:
         low_key = "exclusiveMinimum" if option.exclusive_minimum else "minimum"

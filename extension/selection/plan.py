@@ -1,0 +1,52 @@
+"""How often the rows are scored on validation text while they train, and on how much of it.
+
+Budget: validation scoring may take at most VALIDATION_SHARE of the training time. Time is not
+used to decide (a decision that depends on the machine's load would make a job irreproducible
+and break resuming); tokens are. A training step reads batch x seq_len tokens forward and sends
+the gradient back through every layer's activations, about two forward passes' work or more, so
+validation gets VALIDATION_SHARE x 2 x (training tokens) forward tokens in all. The share the
+job really spent is measured and reported (metrics.selection.validation_share).
+
+Step 0 (the subword-mean init) and the last step are always scored; between them every
+`every` steps, at most MAX_EVALUATIONS in all, fewer when the budget would leave each one under
+MIN_EVAL_TOKENS (a few hundred tokens do not tell two steps apart).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+VALIDATION_SHARE = 0.15
+STEP_COST_IN_FORWARDS = 2
+MAX_EVALUATIONS = 11
+MIN_EVAL_TOKENS = 1024
+# Term selection scores the whole validation text (up to this much) a few times per job: one
+# pass each, outside the training loop, so it is not held to the per-step budget.
+SELECTION_MAX_BYTES = 32_000
+# Below this much validation text no decision is taken (the job says so in its report).
+MIN_VALIDATION_BYTES = 2_000
+# Each round re-scores the validation text once. Round 1 removes what the attribution calls
+# harmful; later rounds catch what removing it changed (neighbours, shared intermediates). Past a
+# few rounds nothing new is learnt, so the last round removes whatever is left if the model is
+# still above the base: at most this many re-scorings per job.
+MAX_SELECTION_ROUNDS = 4
+
+
+@dataclass(frozen=True)
+class ValidationPlan:
+    steps: int  # training steps of the job
+    every: int  # score after every `every` steps (and after the last)
+    tokens_per_eval: int  # validation tokens scored each time
+
+    @classmethod
+    def for_training(cls, *, steps: int, batch_size: int, seq_len: int, available_tokens: int) -> "ValidationPlan":
+        budget = VALIDATION_SHARE * STEP_COST_IN_FORWARDS * steps * batch_size * seq_len
+        evaluations = min(MAX_EVALUATIONS, steps + 1, max(2, int(budget // MIN_EVAL_TOKENS)))
+        tokens = int(min(available_tokens, max(MIN_EVAL_TOKENS, budget // max(evaluations, 1))))
+        every = max(1, math.ceil(steps / max(evaluations - 1, 1)))
+        return cls(steps=steps, every=every, tokens_per_eval=tokens)
+
+    def due(self, step: int) -> bool:
+        """Score after `step` steps? (step 0 = before training)"""
+        return step == 0 or step == self.steps or step % self.every == 0

@@ -1,0 +1,250 @@
+"""Keep only the new tokens that pay for themselves on the validation text.
+
+Round after round (at most MAX_SELECTION_ROUNDS scorings): score the validation text with the
+current tokens and rows; stop when it is below the base model's bits per byte by at least one
+standard error of the per-chunk difference (the test split is other text: a model that only
+just ties the base on validation lands above it on test about half the time); otherwise
+remove the units (a mined merge, or a user's term with all its forms) whose attributed net
+effect is harmful, rebuild the tokenizer from the base with what is kept (so merges and
+intermediates no kept token needs go too, and the kept ids are renumbered without holes), carry
+each kept token's trained rows over by its vocabulary string, and score again.
+
+Which units go in a round: those with a harmful net effect that occur in the validation text;
+if none, those harmful only through their leak (never seen there); if none, the less useful
+half by net effect (the attribution misses longer-range effects, the re-score does not). If the
+last round is still above the base, nothing is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..init import NewRows, subword_mean_rows
+from ..rows import attach
+from .attribution import TokenEffect, token_effects
+from .plan import MAX_SELECTION_ROUNDS
+from .validation import ValidationSet
+
+
+@dataclass(frozen=True)
+class Unit:
+    """What is kept or removed as one: a mined merge's token, or a user's term (its forms and
+    the intermediates made for it)."""
+
+    name: str  # the term, or the text the mined token spells
+    tokens: tuple[str, ...]  # vocabulary strings
+
+
+@dataclass
+class Selection:
+    extended: object | None  # the ExtendedTokenizer kept (None: nothing was kept)
+    rows: NewRows | None
+    kept_index: list[int]  # per kept new token: its position among the original new tokens (-1: fresh)
+    removed: list[dict] = field(default_factory=list)
+    rounds: list[dict] = field(default_factory=list)
+    effects: dict[str, dict] = field(default_factory=dict)  # unit name -> measured effect (last scoring)
+
+    def to_json(self) -> dict:
+        return {"rounds": self.rounds, "removed": self.removed,
+                "kept": len(self.kept_index), "effects": self.effects}
+
+
+def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, units: list[Unit],
+                 rebuild: Callable[[list[Unit]], object], pad_to_multiple_of: int,
+                 max_rounds: int = MAX_SELECTION_ROUNDS, should_cancel: Callable[[], bool] | None = None) -> Selection:
+    current, current_rows = extended, rows
+    kept_units = list(units)
+    kept_index = list(range(len(extended.new_tokens)))
+    removed: list[dict] = []
+    rounds: list[dict] = []
+    base_bpb = validation.base_bits_per_byte()
+    for number in range(1, max_rounds + 1):
+        score = _score(model, current, current_rows, validation, pad_to_multiple_of)
+        effects = token_effects(score, validation.base, first_new_id=current.base_vocab_size, num_new=len(current.new_tokens))
+        unit_effects = _unit_effects(kept_units, current, effects)
+        margin = standard_error(score, validation.base)
+        rounds.append({"round": number, "new_tokens": len(current.new_tokens), "units": len(kept_units),
+                       "bits_per_byte": score.bits_per_byte, "base_bits_per_byte": base_bpb, "margin_bits_per_byte": margin})
+        if score.bits_per_byte + margin <= base_bpb:
+            return Selection(current, current_rows, kept_index, removed, rounds, _effects_json(unit_effects))
+        if should_cancel is not None and should_cancel():
+            break
+        last = number == max_rounds
+        going = kept_units if last else _harmful(kept_units, unit_effects)
+        for unit in going:
+            removed.append({"term": unit.name, "tokens": list(unit.tokens), "round": number,
+                            "reason": "the last round was still above the base model" if last else _reason(unit_effects[unit.name]), **unit_effects[unit.name].to_json()})
+        gone = {unit.name for unit in going}
+        kept_units = [unit for unit in kept_units if unit.name not in gone]
+        if not kept_units:
+            return Selection(None, None, [], removed, rounds, _effects_json(unit_effects))
+        rebuilt = rebuild(kept_units)
+        # a unit another kept one is built from stays (its merge is a step of theirs): not removed
+        present = {token.token for token in rebuilt.new_tokens}
+        stayed = [unit for unit in going if all(token in present for token in unit.tokens)]
+        if stayed:
+            names = {unit.name for unit in stayed}
+            removed = [entry for entry in removed if not (entry["round"] == number and entry["term"] in names)]
+            kept_units += stayed
+        current_rows, index = carry_rows(model, current, current_rows, rebuilt)
+        kept_index = [kept_index[i] if i >= 0 else -1 for i in index]
+        current = rebuilt
+    return Selection(None, None, [], removed, rounds, {})
+
+
+def standard_error(score, base) -> float:
+    """Standard error, in bits per byte, of the validation difference (extended minus base),
+    from its spread across chunks (the same chunks, so the difference is paired)."""
+    differences = torch.tensor([float(e.nll.sum() - b.nll.sum()) for e, b in zip(score.chunks, base.chunks)], dtype=torch.float64)
+    if len(differences) < 2:
+        return 0.0
+    return float(differences.std() * len(differences) ** 0.5) / (math.log(2) * score.bytes)
+
+
+def _score(model, extended, rows: NewRows, validation: ValidationSet, pad_to_multiple_of: int):
+    adapter = attach(model, extended.base_vocab_size, rows, pad_to_multiple_of=pad_to_multiple_of)
+    try:
+        return validation.score(model, extended, leak=True)
+    finally:
+        adapter.detach()
+
+
+@dataclass
+class _UnitEffect:
+    occurrences: int
+    net_bits: float
+    leak_bits: float
+
+    def to_json(self) -> dict:
+        return {"occurrences": self.occurrences, "net_bits": round(self.net_bits, 3), "leak_bits": round(self.leak_bits, 3)}
+
+
+def _unit_effects(units: list[Unit], extended, effects: list[TokenEffect]) -> dict[str, _UnitEffect]:
+    by_token = {token.token: effects[k] for k, token in enumerate(extended.new_tokens)}
+    result = {}
+    for unit in units:
+        mine = [by_token[t] for t in unit.tokens if t in by_token]
+        result[unit.name] = _UnitEffect(
+            occurrences=sum(e.occurrences for e in mine), net_bits=sum(e.net_bits for e in mine),
+            leak_bits=sum(e.leak_bits for e in mine),
+        )
+    return result
+
+
+def _harmful(units: list[Unit], effects: dict[str, _UnitEffect]) -> list[Unit]:
+    seen = [u for u in units if effects[u.name].net_bits > 0 and effects[u.name].occurrences > 0]
+    if seen:
+        return seen
+    unseen = [u for u in units if effects[u.name].net_bits > 0]
+    if unseen:
+        return unseen
+    ranked = sorted(units, key=lambda u: effects[u.name].net_bits, reverse=True)
+    return ranked[: max(1, len(ranked) // 2)]
+
+
+def _reason(effect: _UnitEffect) -> str:
+    if effect.net_bits > 0 and effect.occurrences:
+        return f"costs {effect.net_bits:.1f} bits more than it saves over its {effect.occurrences} uses in the validation text"
+    if effect.net_bits > 0:
+        return f"never used in the validation text, and takes {effect.leak_bits:.2f} bits of probability elsewhere"
+    return (f"saves only {-effect.net_bits:.1f} bits: among the least useful half, removed because the "
+            "model was still above the base model")
+
+
+def _effects_json(effects: dict[str, _UnitEffect]) -> dict[str, dict]:
+    return {name: effect.to_json() for name, effect in effects.items()}
+
+
+def carry_rows(model, old, old_rows: NewRows, new) -> tuple[NewRows, list[int]]:
+    """Rows for `new`'s tokens: the trained rows of the same vocabulary string in `old`, else
+    (a token the rebuild made anew) the subword mean. Returns the rows and, per new token, its
+    position in `old` (-1: fresh)."""
+    position = {token.token: k for k, token in enumerate(old.new_tokens)}
+    index = [position.get(token.token, -1) for token in new.new_tokens]
+    fresh = subword_mean_rows(model, new.new_tokens, new.base_vocab_size)
+
+    def take(old_tensor, fresh_tensor):
+        if old_tensor is None:
+            return None
+        out = fresh_tensor.detach().to(old_tensor.dtype).clone() if fresh_tensor is not None else torch.zeros(
+            (len(index), *old_tensor.shape[1:]), dtype=old_tensor.dtype)
+        for row, k in enumerate(index):
+            if k >= 0:
+                out[row] = old_tensor[k]
+        return out
+
+    return NewRows(input=take(old_rows.input, fresh.input), output=take(old_rows.output, fresh.output),
+                   output_bias=take(old_rows.output_bias, fresh.output_bias)), index
+
+
+def keep_optimizer_rows(state: dict | None, kept_index: list[int], num_old: int) -> dict | None:
+    """The new rows' AdamW state (train.TrainResult.optimizer_state) for the kept tokens only:
+    row k of every per-row moment becomes the old row kept_index[k] (zeros for a fresh token)."""
+    if state is None:
+        return None
+    index = torch.tensor([max(k, 0) for k in kept_index], dtype=torch.long)
+    fresh = torch.tensor([k < 0 for k in kept_index])
+    kept = {}
+    for key, param_state in state["state"].items():
+        kept[key] = {}
+        for name, value in param_state.items():
+            if torch.is_tensor(value) and value.dim() >= 1 and value.shape[0] == num_old:
+                value = value.index_select(0, index).clone()
+                value[fresh] = 0
+            kept[key][name] = value
+    return {"state": kept, "param_groups": state["param_groups"]}
+
+
+def measure_terms(model, extended, rows: NewRows, validation: ValidationSet, *, units: list[Unit],
+                  pad_to_multiple_of: int) -> dict:
+    """Each unit's measured effect, nothing removed (terms-only jobs keep the user's terms)."""
+    score = _score(model, extended, rows, validation, pad_to_multiple_of)
+    effects = token_effects(score, validation.base, first_new_id=extended.base_vocab_size, num_new=len(extended.new_tokens))
+    return {"bits_per_byte": score.bits_per_byte, "effects": _effects_json(_unit_effects(units, extended, effects))}
+
+
+def term_units(extended) -> list[Unit]:
+    """One unit per user term: its forms and the intermediates made for it."""
+    token_of = {token.id: token.token for token in extended.new_tokens}
+    return [Unit(term.term, tuple(token_of[i] for i in term.forms.values() if i in token_of) + tuple(term.intermediates))
+            for term in extended.terms]
+
+
+def token_units(extended) -> list[Unit]:
+    """One unit per new vocabulary entry (mined merges), named by the text it spells."""
+    units, names = [], set()
+    for token in extended.new_tokens:
+        name = token.text if token.text not in names else f"{token.text} ({token.token})"
+        names.add(name)
+        units.append(Unit(name, (token.token,)))
+    return units
+
+
+def merges_rebuilder(base_tokenizer, merges: list[tuple[str, str]]) -> Callable[[list[Unit]], object]:
+    """Rebuild from the base with the kept units' merges, in their order, plus every earlier merge
+    a kept one is built from."""
+    from ..tokenizer import extend_with_merges
+
+    made_by = {left + right: (left, right) for left, right in merges}
+
+    def rebuild(units: list[Unit]):
+        needed = {token for unit in units for token in unit.tokens}
+        pending = list(needed)
+        while pending:
+            for part in made_by.get(pending.pop(), ()):
+                if part in made_by and part not in needed:
+                    needed.add(part)
+                    pending.append(part)
+        return extend_with_merges(base_tokenizer, [pair for pair in merges if pair[0] + pair[1] in needed])
+
+    return rebuild
+
+
+def terms_rebuilder(base_tokenizer, *, max_term_chars: int) -> Callable[[list[Unit]], object]:
+    from ..tokenizer import extend_tokenizer
+
+    return lambda units: extend_tokenizer(base_tokenizer, [unit.name for unit in units], max_term_chars=max_term_chars)

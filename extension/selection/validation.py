@@ -1,0 +1,98 @@
+"""The validation text of a job, scored once by the base model, then once per candidate.
+
+Corpus jobs: the corpus's validation split (extension.corpus.split_of). Terms-only jobs: the
+held-out share of the contexts the base model wrote for the terms (extension.distill); the base
+model wrote that text, so it is a guard (training must not make it worse than the init), not a
+test of the terms.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..evaluate import DEFAULT_CHUNK_BYTES, chunk_documents, context_token_id
+from .plan import MIN_VALIDATION_BYTES, SELECTION_MAX_BYTES, ValidationPlan
+from .scoring import TextScore, score_text
+
+
+@dataclass
+class ValidationSet:
+    source: str  # "corpus validation split" | "held-out generated contexts"
+    chunks: list[str]  # every validation chunk (term selection reads them all)
+    context_id: int
+    base: TextScore  # the base model with the base tokenizer, on every chunk
+    step_chunks: int = 0  # the first chunks, within the training budget, that step selection reads
+    seconds: dict = field(default_factory=lambda: {"base": 0.0, "steps": 0.0, "terms": 0.0})
+
+    @property
+    def bytes(self) -> int:
+        return self.base.bytes
+
+    def base_bits_per_byte(self, chunks: int | None = None) -> float:
+        if chunks is None:
+            return self.base.bits_per_byte
+        part = self.base.chunks[:chunks]
+        size = sum(len(text.encode("utf-8")) for text in self.chunks[:chunks])
+        return TextScore(part, size).bits_per_byte
+
+    def score(self, model, extended, *, chunks: int | None = None, leak: bool = False) -> TextScore:
+        """Score the model as it is now (new rows attached) reading `extended`'s tokenizer."""
+        return score_text(
+            model, extended.tokenizer, self.chunks[: chunks or len(self.chunks)], context_id=self.context_id,
+            first_new_id=extended.base_vocab_size if leak else None, num_new=len(extended.new_tokens) if leak else 0,
+        )
+
+    def report(self) -> dict:
+        return {"source": self.source, "bytes": self.bytes, "chunks": len(self.chunks),
+                "base_bits_per_byte": self.base.bits_per_byte}
+
+
+def build_validation(model, base_tokenizer, documents: list[str], *, source: str,
+                     max_bytes: int = SELECTION_MAX_BYTES, min_bytes: int = MIN_VALIDATION_BYTES) -> ValidationSet | None:
+    """Chunk and base-score the validation documents (call with the plain base model, before any
+    rows are attached). None when there is less than `min_bytes` of text to decide on."""
+    chunks = [chunk for doc in chunk_documents(documents, DEFAULT_CHUNK_BYTES, max_bytes) for chunk in doc]
+    if not chunks or sum(len(chunk.encode("utf-8")) for chunk in chunks) < min_bytes:
+        return None
+
+    started = time.perf_counter()
+    context = context_token_id(base_tokenizer)
+    base = score_text(model, base_tokenizer, chunks, context_id=context)
+    validation = ValidationSet(source=source, chunks=chunks, context_id=context, base=base, step_chunks=len(chunks))
+    validation.seconds["base"] = round(time.perf_counter() - started, 3)
+    return validation
+
+
+def chunks_within(score: TextScore, tokens: int) -> int:
+    """How many leading chunks of `score` hold about `tokens` tokens (at least one)."""
+    total = 0
+    for count, chunk in enumerate(score.chunks, start=1):
+        total += len(chunk.ids)
+        if total >= tokens:
+            return count
+    return len(score.chunks)
+
+
+@dataclass
+class StepScorer:
+    """train.StepValidation over a ValidationSet: the first `chunks` chunks, at the plan's steps."""
+
+    validation: ValidationSet
+    extended: object  # the ExtendedTokenizer the rows belong to
+    plan: ValidationPlan
+
+    def __post_init__(self):
+        self.validation.step_chunks = chunks_within(self.validation.base, self.plan.tokens_per_eval)
+
+    def due(self, step: int) -> bool:
+        return self.plan.due(step)
+
+    def __call__(self, adapter) -> float:
+        began = time.perf_counter()
+        score = self.validation.score(adapter.model, self.extended, chunks=self.validation.step_chunks)
+        self.validation.seconds["steps"] += time.perf_counter() - began
+        return score.bits_per_byte
+
+    def base_bits_per_byte(self) -> float:
+        return self.validation.base_bits_per_byte(self.validation.step_chunks)

@@ -1,0 +1,252 @@
+"""Issue 11: what a job publishes is chosen on a validation split — the best training step (the
+init counted) and, for corpus jobs, only the terms that pay for themselves — and reported on a
+test split that no decision saw. Real SmolLM2, real Spanish text (Debian's fortunes-es)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from extension.corpus import HELD_OUT_FRACTION, TEST_FRACTION, split_documents, split_of, train_documents
+from extension.evaluate import read_fortune_file
+from extension.init import subword_mean_rows
+from extension.selection import ValidationPlan, build_validation, keep_optimizer_rows, select_terms
+from extension.selection.plan import MIN_EVAL_TOKENS, STEP_COST_IN_FORWARDS, VALIDATION_SHARE
+from extension.selection.terms import carry_rows, term_units, terms_rebuilder
+from extension.tokenizer import extend_tokenizer
+
+SPANISH = sorted(Path("/usr/share/games/fortunes/es").glob("*.fortunes"))
+ENGLISH = Path("/usr/share/games/fortunes/fortunes")
+
+
+def _spanish_documents() -> list[str]:
+    documents = []
+    for path in SPANISH:
+        try:
+            documents += read_fortune_file(path)
+        except UnicodeDecodeError:  # a few files of the package are Latin-1: not needed here
+            continue
+    return documents
+
+
+@pytest.fixture(scope="module")
+def spanish_corpus(tmp_path_factory) -> Path:
+    """About 120 kB of Spanish sayings, documents between blank lines (validation: about 6 kB)."""
+    documents, size = [], 0
+    for document in _spanish_documents():
+        documents.append(document)
+        size += len(document.encode())
+        if size > 120_000:
+            break
+    path = tmp_path_factory.mktemp("es") / "es.txt"
+    path.write_text("\n\n".join(documents), encoding="utf-8")
+    return path
+
+
+# --- splits ------------------------------------------------------------------------------------
+
+
+def test_splits_are_stable_disjoint_and_independent_of_order(spanish_corpus, tmp_path):
+    documents = [d for d in spanish_corpus.read_text(encoding="utf-8").split("\n\n") if d.strip()]
+    by_split = {split: list(split_documents(spanish_corpus, split)) for split in ("train", "validation", "test")}
+    assert sum(len(docs) for docs in by_split.values()) == len(documents)
+    assert not set(by_split["validation"]) & set(by_split["test"])
+    assert not (set(by_split["validation"]) | set(by_split["test"])) & set(train_documents(spanish_corpus))
+    # roughly the declared fractions, and a document keeps its split whatever the corpus order
+    assert abs(len(by_split["test"]) / len(documents) - TEST_FRACTION) < 0.02
+    assert abs(len(by_split["validation"]) / len(documents) - (HELD_OUT_FRACTION - TEST_FRACTION)) < 0.02
+    shuffled = documents[:]
+    random.Random(1).shuffle(shuffled)
+    other = tmp_path / "shuffled.txt"
+    other.write_text("\n\n".join(shuffled[: len(shuffled) // 2]), encoding="utf-8")
+    assert set(split_documents(other, "validation")) == {d for d in shuffled[: len(shuffled) // 2] if split_of(d) == "validation"}
+    assert set(split_documents(other, "validation")) <= set(by_split["validation"])
+
+
+def test_validation_plan_stays_within_its_share_and_scores_step_zero_and_the_last():
+    for steps, batch, seq in [(1, 1, 8), (20, 4, 128), (100, 4, 128), (1000, 16, 512)]:
+        plan = ValidationPlan.for_training(steps=steps, batch_size=batch, seq_len=seq, available_tokens=10**9)
+        scored = [step for step in range(steps + 1) if plan.due(step)]
+        assert scored[0] == 0 and scored[-1] == steps
+        budget = VALIDATION_SHARE * STEP_COST_IN_FORWARDS * steps * batch * seq
+        # under the share, except that two scorings of MIN_EVAL_TOKENS are the least a decision needs
+        assert len(scored) * plan.tokens_per_eval <= max(budget, 2 * MIN_EVAL_TOKENS) * 1.05, (steps, scored, plan)
+
+
+# --- the moments follow the published rows -------------------------------------------------------
+
+
+def test_optimizer_moments_follow_the_kept_rows():
+    exp_avg = torch.arange(20.0).view(5, 4)
+    state = {"state": {0: {"step": torch.tensor(7.0), "exp_avg": exp_avg, "exp_avg_sq": exp_avg * 2}},
+             "param_groups": [{"params": [0], "lr": 1e-3}]}
+    kept = keep_optimizer_rows(state, [3, -1, 0], num_old=5)["state"][0]
+    assert torch.equal(kept["exp_avg"], torch.stack([exp_avg[3], torch.zeros(4), exp_avg[0]]))
+    assert torch.equal(kept["exp_avg_sq"][0], exp_avg[3] * 2) and float(kept["step"]) == 7.0
+    assert keep_optimizer_rows(None, [0], num_old=1) is None  # best step 0: no moments yet
+
+
+# --- a harmful term is removed; the tokenizer stays valid ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(smollm2_path, torch_dtype=torch.float32).eval()
+
+
+def _frequent_split_words(tokenizer, documents: list[str], count: int) -> list[str]:
+    """Words of the train documents that the base tokenizer cuts into 2+ pieces, most tokens saved first."""
+    words = Counter(w for d in documents for w in re.findall(r"\b\w{5,}\b", d))
+    saved = {w: n * (len(tokenizer(" " + w, add_special_tokens=False)["input_ids"]) - 1) for w, n in words.items() if n >= 5}
+    return sorted(saved, key=lambda w: -saved[w])[:count]
+
+
+def test_a_harmful_term_is_removed_and_the_tokenizer_stays_valid(smollm2, smollm2_tokenizer, spanish_corpus):
+    train = list(train_documents(spanish_corpus))
+    terms = _frequent_split_words(smollm2_tokenizer, train, 12)
+    extended = extend_tokenizer(smollm2_tokenizer, terms)
+    rows = subword_mean_rows(smollm2, extended.new_tokens, extended.base_vocab_size)
+    # The constructed harm: one term's (tied) row is twice the row of " de", the commonest Spanish
+    # word, so the model reads the term as " de" and predicts it wherever " de" could come.
+    victim = terms[0]
+    ids = [i - extended.base_vocab_size for i in next(t for t in extended.terms if t.term == victim).forms.values()]
+    de = smollm2_tokenizer(" de", add_special_tokens=False)["input_ids"]
+    assert len(de) == 1
+    for k in ids:
+        rows.input[k] = 2 * smollm2.get_input_embeddings().weight[de[0]].detach()
+    validation = build_validation(smollm2, smollm2_tokenizer, list(split_documents(spanish_corpus, "validation")),
+                                  source="corpus validation split", max_bytes=8_000)
+    units = term_units(extended)
+    rebuild = terms_rebuilder(smollm2_tokenizer, max_term_chars=64)
+    chosen = select_terms(smollm2, extended, rows, validation, units=units, rebuild=rebuild, pad_to_multiple_of=64)
+
+    first_round = {entry["term"]: entry for entry in chosen.removed if entry["round"] == 1}
+    assert victim in first_round, chosen.removed
+    assert first_round[victim]["net_bits"] > 0 and first_round[victim]["occurrences"] > 0
+    assert "bits more than it saves" in first_round[victim]["reason"]
+
+    survivors = [unit for unit in units if unit.name not in first_round]
+    assert survivors  # a bad row is charged to its own term, not to every term near it
+    for kept in [rebuild(survivors)] + ([chosen.extended] if chosen.extended is not None else []):
+        kept_terms = {term.term for term in kept.terms}
+        assert victim not in kept_terms
+        assert [t.id for t in kept.new_tokens] == list(range(kept.base_vocab_size, kept.base_vocab_size + len(kept.new_tokens)))
+        for term in kept.terms:  # every kept term is one token in each of its forms
+            for text, token_id in term.forms.items():
+                assert kept.tokenizer(text, add_special_tokens=False)["input_ids"] == [token_id]
+        # text holding no kept term's string tokenizes exactly as the base, the victim included
+        strings = [t.text.strip() for t in kept.new_tokens]
+        clean = [d for d in train[:400] + read_fortune_file(ENGLISH)[:200] if not any(s in d for s in strings)]
+        assert len(clean) > 100 and any(victim in d for d in clean)
+        for document in clean:
+            assert kept.tokenizer(document, add_special_tokens=False)["input_ids"] == \
+                smollm2_tokenizer(document, add_special_tokens=False)["input_ids"]
+        # every kept term's rows are carried over by token string, unchanged; an intermediate the
+        # rebuild planned anew (its old one served a removed term too) starts at its subword mean
+        carried, index = carry_rows(smollm2, extended, rows, kept)
+        means = subword_mean_rows(smollm2, kept.new_tokens, kept.base_vocab_size)
+        for k, (token, old) in enumerate(zip(kept.new_tokens, index)):
+            if token.kind == "form":
+                assert old >= 0 and torch.equal(carried.input[k], rows.input[old])
+            elif old < 0:
+                assert torch.equal(carried.input[k], means.input[k])
+
+
+# --- through the door: best step 0 publishes the init; the report says what happened ----------
+
+
+@pytest.fixture(scope="module")
+def cli_env(tmp_path_factory, smollm2_path):
+    data = tmp_path_factory.mktemp("tide-data")
+    old = dict(os.environ)
+    os.environ.update(TIDE_DATA_DIR=str(data), TIDE_CACHE_DIR=str(smollm2_path.parent.parent))
+    from app.settings import get_settings
+
+    get_settings.cache_clear()
+    yield data
+    os.environ.clear()
+    os.environ.update(old)
+    get_settings.cache_clear()
+
+
+WRECKING = ["--steps", "2", "--batch-size", "1", "--seq-len", "64", "--lr", "1.0", "--embedding-lr-multiplier", "100",
+            "--warmup-steps", "0"]  # every AdamW step moves each coordinate of a row by ~100
+
+
+def _extend(out: Path, *args: str) -> dict:
+    from app.cli import main
+
+    code = main(["extend", "--base-model", "smollm2-135m", *WRECKING, "--eval-bytes", "1000", "--out", str(out), *args])
+    assert code == 0
+    return json.loads((out / "tide_extension.json").read_text())
+
+
+def _init_rows(model, tokens: list[dict]) -> torch.Tensor:
+    return torch.stack([model.get_input_embeddings().weight[t["base_ids"]].mean(0) for t in tokens])
+
+
+def test_training_that_hurts_publishes_the_init_and_reports_it(cli_env, tmp_path, smollm2):
+    """Terms-only: the held-out contexts show step 0 best, so the init rows are published."""
+    from transformers import AutoModelForCausalLM
+
+    terms = tmp_path / "terms.txt"
+    terms.write_text("multiprogramming\nmicrokernel\n")
+    extension = _extend(tmp_path / "chosen", "--terms", str(terms))
+    selection = extension["selection"]
+    assert selection["mode"] == "validation" and selection["validation"]["source"] == "held-out generated contexts"
+    curve = selection["validation_curve"]
+    assert curve[0]["step"] == 0 and curve[-1]["step"] == 2 and selection["best_step"] == 0
+    assert min(point["bits_per_byte"] for point in curve) == curve[0]["bits_per_byte"] < curve[-1]["bits_per_byte"]
+    assert extension["published_step"] == 0 and extension["trained_steps"] == 2
+    assert 0 < selection["validation_share"] and selection["seconds"]["validation"] > 0
+    # the user's terms are all kept, each with its measured effect on its held-out context
+    assert set(selection["effects"]) == {"multiprogramming", "microkernel"}
+    assert all(effect["occurrences"] >= 1 for effect in selection["effects"].values())
+    published = AutoModelForCausalLM.from_pretrained(tmp_path / "chosen")
+    tokens = extension["new_tokens"]
+    got = published.get_input_embeddings().weight[[t["id"] for t in tokens]]
+    assert torch.allclose(got, _init_rows(smollm2, tokens), atol=1e-6)
+    assert "chose the rows of step 0" in (tmp_path / "chosen" / "README.md").read_text()
+
+
+def test_keep_all_terms_publishes_the_last_step_with_every_term_and_reports_on_the_test_split(
+        cli_env, spanish_corpus, tmp_path, smollm2):
+    from transformers import AutoModelForCausalLM
+
+    from extension.evaluate import chunk_documents
+
+    extension = _extend(tmp_path / "all", "--corpus", str(spanish_corpus), "--max-new-tokens", "24", "--keep-all-terms")
+    assert extension["selection"] == {"mode": "none"}
+    assert extension["published_step"] == 2 and extension["counts"]["new_vocab_entries"] == 24
+    published = AutoModelForCausalLM.from_pretrained(tmp_path / "all")
+    tokens = extension["new_tokens"]
+    got = published.get_input_embeddings().weight[[t["id"] for t in tokens]]
+    assert not torch.allclose(got, _init_rows(smollm2, tokens), atol=1e-2)  # the (wrecked) trained rows, as asked
+    # the job's numbers are on the test split, never the validation split decisions are made on
+
+    def scored(split):
+        return [c for doc in chunk_documents(split_documents(spanish_corpus, split), 1024, 1000) for c in doc]
+
+    metrics = json.loads((tmp_path / "all" / "metrics.json").read_text())
+    assert scored("test") != scored("validation")
+    assert metrics["after"]["domain"]["bytes"] == sum(len(c.encode()) for c in scored("test"))
+    assert metrics["after"]["domain"]["chunks"] == len(scored("test"))
+
+
+def test_the_card_names_each_removed_term_with_its_measured_reason():
+    from extension.card import _selection_lines
+
+    selection = {"mode": "validation", "best_step": 40, "validation": {"source": "corpus validation split", "bytes": 6000},
+                 "removed": [{"term": " cual", "tokens": ["Ġcual"], "round": 1, "occurrences": 9, "net_bits": 52.0,
+                              "leak_bits": 1.2, "reason": "costs 52.0 bits more than it saves over its 9 uses in the validation text"}]}
+    card = "\n".join(_selection_lines(selection))
+    assert "chose the rows of step 40" in card and "`' cual'` | 9 | +52.0 | costs 52.0 bits more" in card
