@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from .errors import InvalidOptionError, UnsupportedCheckpointError
+from .errors import InvalidCorpusError, InvalidOptionError, UnsupportedCheckpointError
 from .init import apply_rows
 from .optimizer_state import grow_live_optimizer, vocab_parameters
 from .pipeline import new_vocabulary, validate_spec
@@ -45,7 +45,13 @@ class ExtendVocabularyCallback(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.at_step and self.report is None:
-            self.report = extend_live_run(self.trainer, self.spec, self.callbacks)
+            try:
+                self.report = extend_live_run(self.trainer, self.spec, self.callbacks)
+            except InvalidCorpusError as exc:
+                # No mined term paid for itself on validation: nothing of the run was touched yet
+                # (the rows trained on a detachable adapter), so the run goes on unextended.
+                self.callbacks.on_warning(f"vocabulary not extended at step {state.global_step}: {exc.message}")
+                self.report = {"counts": {}, "not_extended": exc.message}
             state.log_history.append({"step": state.global_step, "tide_extension": self.report["counts"]})
         return control
 
