@@ -12,7 +12,6 @@ What a step trains on is an objective with `loss(adapter, step) -> (summed loss,
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import math
@@ -381,17 +380,6 @@ def build_training_data(spec, model, extended, callbacks: Callbacks | None = Non
     return build(model, extended, config, objective=terms_objective, work_dir=callbacks.work_dir,
                  should_cancel=callbacks.should_cancel,
                  on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "contexts"}))
-
-
-# -- devices ----------------------------------------------------------------------------------
-def training_model(model, device: str | torch.device | None = None):
-    """The model to attach the adapter to. CPU: the model itself. CUDA: a bf16 copy on the GPU
-    (the rows stay fp32 in the adapter); merge the trained rows into the ORIGINAL model with
-    `adapter.merge(into=model)` so the published old weights keep their dtype and bits."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cpu":
-        return model
-    return copy.deepcopy(model).to(device=device, dtype=torch.bfloat16)
 
 
 def max_positions(model) -> int | None:
