@@ -203,17 +203,48 @@ def describe(model) -> dict[str, str]:
     return {"device": str(model_device(model)), "dtype": dtype}
 
 
+def _module_device(mapping: dict, name: str) -> str | None:
+    """The device a {module prefix: device} map gives module `name` (the longest prefix wins)."""
+    best = None
+    for prefix, device in mapping.items():
+        if prefix == "" or name == prefix or name.startswith(prefix + "."):
+            if best is None or len(prefix) > len(best[0]):
+                best = (prefix, device)
+    return None if best is None else best[1]
+
+
+def check_device_map(config, device_map) -> None:
+    """Before loading: a JSON device map must keep the input embedding and the head readable (on a
+    GPU, or on the CPU when no GPU is mapped): see check_spread."""
+    if not isinstance(device_map, dict):
+        return
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    names = {id(module): name for name, module in model.named_modules()}
+    uses_gpu = any(value.startswith("cuda") for value in device_map.values())
+    for label, module in (("input embedding", model.get_input_embeddings()), ("output head", model.get_output_embeddings())):
+        if module is None:
+            continue
+        name = names[id(module)]
+        device = _module_device(device_map, name)
+        if device is None or device == "disk" or (device == "cpu" and uses_gpu):
+            raise InvalidOptionError(option="device_map", problem=_offloaded_problem(label, f"{name}: {device or 'not mapped'}"))
+
+
+def _offloaded_problem(label: str, where: str) -> str:
+    return (f"offloads the model's {label} ({where}; offloaded weights are brought in per forward), but TIDE trains the "
+            "new rows beside it and reads it directly; map it to a GPU, or to cpu when no GPU is used")
+
+
 def check_spread(model) -> None:
     """A device map must leave the input embedding and the head where they can be read directly:
     the new rows live beside them and the loss reads the head's matrix."""
     embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
     for name, module in (("input embedding", embedding), ("output head", head)):
         if module is not None and module.weight.device.type == "meta":
-            raise InvalidOptionError(
-                option="device_map",
-                problem=f"offloads the model's {name} (its weights are brought in per forward), but TIDE trains the new "
-                "rows beside it and reads it directly; map it to a GPU or to cpu",
-            )
+            raise InvalidOptionError(option="device_map", problem=_offloaded_problem(name, "after loading it is on meta"))
 
 
 def offloaded(model) -> bool:

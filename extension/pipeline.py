@@ -300,13 +300,14 @@ def _plan_memory(spec: ExtendSpec, resolved, sources: ModelSources, placement):
     cannot fit its device."""
     from types import SimpleNamespace
 
-    from .devices import checkpoint_dtype, eval_batch_tokens_for
+    from .devices import check_device_map, checkpoint_dtype, eval_batch_tokens_for
     from .memory_plan import check_plan, plan_for_spec
     from .models import load_config
     from .train import TrainConfig, max_positions
 
     config = load_config(resolved, sources)
     TrainConfig.from_spec(spec).validate(max_positions=max_positions(SimpleNamespace(config=config)))
+    check_device_map(config, placement.device_map)
     stored = checkpoint_dtype(config, resolved.path if resolved.kind != "hub" else None)
     dtype = placement.compute_dtype(stored)
     plan = plan_for_spec(spec, config, placement=placement, dtype=dtype,
