@@ -92,6 +92,7 @@ class ScoreCache:
 
     def put(self, key: str, value: dict) -> None:
         path = self._path(key)
+        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             handle, tmp = tempfile.mkstemp(prefix=".score-", dir=path.parent)
@@ -99,7 +100,8 @@ class ScoreCache:
                 json.dump(value, out)
             os.replace(tmp, path)
         except OSError:  # a read-only or full cache folder costs the next job time, never this job
-            return
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
 
     def report(self) -> dict:
         return {"hits": self.hits, "misses": self.misses}
