@@ -6,8 +6,8 @@ that cannot fit is refused with the figures and what to change.
 
 What is counted (bytes, on the job's device):
 
-- weights: the parameter count (from the config, built on the meta device: no weights read)
-  x the bytes of the dtype the model is loaded in;
+- weights: the parameter count (the architecture built from the config on the meta device, no
+  weights read; else the checkpoint's safetensors headers) x the bytes of the load dtype;
 - training activations: batch_size x seq_len x layers x hidden x ACTIVATION_FACTOR x the bytes of
   the compute dtype. The frozen base still keeps, for the backward to the new input rows, what
   each decoder layer saved: for a Llama-style layer the two norm inputs and outputs, q, k, v,
@@ -90,6 +90,34 @@ def count_parameters(config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def estimate_parameters(config, model_path=None) -> int:
+    """count_parameters when the architecture can be built from its config; else the tensors the
+    checkpoint's safetensors files hold; else a Llama-shaped formula from the config's sizes."""
+    try:
+        return count_parameters(config)
+    except Exception:  # an architecture transformers cannot build here (remote code, a newer class)
+        pass
+    from pathlib import Path
+
+    from .devices import safetensors_header
+
+    files = sorted(Path(model_path).glob("*.safetensors")) if model_path and Path(model_path).is_dir() else []
+    if files:
+        total = 0
+        for file in files:
+            for name, entry in safetensors_header(file).items():
+                if name != "__metadata__":
+                    count = 1
+                    for size in entry["shape"]:
+                        count *= size
+                    total += count
+        return total
+    text = _text_config(config)
+    hidden, layers = int(text.hidden_size), int(text.num_hidden_layers)
+    inner = int(getattr(text, "intermediate_size", None) or 4 * hidden)
+    return layers * (4 * hidden * hidden + 3 * hidden * inner) + 2 * int(text.vocab_size) * hidden
+
+
 def _element_size(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
@@ -145,12 +173,13 @@ def plan_job(config, *, placement: Placement, dtype: torch.dtype, batch_size: in
 
 
 def plan_for_spec(spec, config, *, placement: Placement, dtype: torch.dtype, eval_batch_tokens: int = 4096,
-                  available: int | None = None) -> MemoryPlan:
+                  available: int | None = None, model_path=None) -> MemoryPlan:
     """plan_job for a job's options. New rows are bounded before the tokenizer is extended: a
     given term makes at most ROWS_PER_TERM entries, a mined corpus at most max_new_tokens."""
     new_rows = len(spec.terms) * ROWS_PER_TERM if spec.terms else spec.max_new_tokens
     return plan_job(config, placement=placement, dtype=dtype, batch_size=spec.batch_size, seq_len=spec.seq_len,
-                    steps=spec.steps, new_rows=new_rows, eval_batch_tokens=eval_batch_tokens, available=available)
+                    steps=spec.steps, new_rows=new_rows, eval_batch_tokens=eval_batch_tokens, available=available,
+                    parameters=estimate_parameters(config, model_path))
 
 
 def available_memory(placement: Placement) -> int:

@@ -311,7 +311,8 @@ def _plan_memory(spec: ExtendSpec, resolved, sources: ModelSources, placement):
     stored = checkpoint_dtype(config, resolved.path if resolved.kind != "hub" else None)
     dtype = placement.compute_dtype(stored)
     plan = plan_for_spec(spec, config, placement=placement, dtype=dtype,
-                         eval_batch_tokens=eval_batch_tokens_for(placement.device, config, dtype))
+                         eval_batch_tokens=eval_batch_tokens_for(placement.device, config, dtype),
+                         model_path=resolved.path if resolved.kind != "hub" else None)
     check_plan(plan, base_model=spec.base_model, batch_size=spec.batch_size, seq_len=spec.seq_len)
     return plan, stored
 

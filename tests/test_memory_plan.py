@@ -120,3 +120,17 @@ def test_the_cli_refuses_a_model_bigger_than_the_available_memory(tmp_path, tiny
     err = capsys.readouterr().err
     assert f"tide: error (base_model): base model {str(tiny_model_dir)!r} needs about" in err
     assert "more than the 0.00 GiB available there, whatever the batch size" in err
+
+
+def test_parameters_come_from_the_files_when_the_architecture_cannot_be_built(tiny_model_dir, monkeypatch):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    built = memory_plan.estimate_parameters(config, tiny_model_dir)
+
+    def cannot(_config):
+        raise ValueError("unknown architecture")
+
+    monkeypatch.setattr(memory_plan, "count_parameters", cannot)
+    assert memory_plan.estimate_parameters(config, tiny_model_dir) == built  # tied: stored once in the file
+    assert memory_plan.estimate_parameters(config, None) > 0  # the formula, from the config's sizes
