@@ -250,3 +250,24 @@ def test_a_service_job_on_a_worker_set_to_cuda_without_cuda_fails_naming_the_set
     assert code == "invalid_option"
     assert message.startswith("the server setting TIDE_DEVICE is 'cuda' but this machine has no CUDA GPU")
     assert "use auto or cpu" in message
+
+
+def test_batches_are_sized_for_the_device(monkeypatch):
+    """The CPU keeps evaluation's 4096 tokens and generation's 16 prompts (its numbers and timings
+    stay as they were); a GPU's evaluation batch grows with its free memory, within bounds."""
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, vocab_size=49152)
+    cpu, gpu = torch.device("cpu"), torch.device("cuda:0")
+    assert devices.eval_batch_tokens_for(cpu, config, torch.float32) == 4096
+    low, high = devices.GPU_EVAL_BATCH_TOKENS
+    monkeypatch.setattr(devices, "free_device_memory", lambda device: 100 * 2**30)
+    assert devices.eval_batch_tokens_for(gpu, config, torch.bfloat16) == high
+    monkeypatch.setattr(devices, "free_device_memory", lambda device: 2 * 2**30)
+    per_token = (6 * 576 + 3 * 1536) * 2
+    assert devices.eval_batch_tokens_for(gpu, config, torch.bfloat16) == (2 * 2**30 // 4 // per_token) // 1024 * 1024
+    monkeypatch.setattr(devices, "free_device_memory", lambda device: 2**20)
+    assert devices.eval_batch_tokens_for(gpu, config, torch.bfloat16) == low
+    model = torch.nn.Module()
+    model.get_input_embeddings = lambda: torch.nn.Embedding(4, 2)
+    assert devices.generation_batch_size(model) == devices.CPU_GENERATION_BATCH == 16
