@@ -136,7 +136,7 @@ class Settings(BaseSettings):
     @field_validator("device")
     @classmethod
     def _device_form(cls, value: str) -> str:
-        from extension.devices import device_problem
+        from extension.device_options import device_problem
 
         problem = device_problem(value)
         if problem:
@@ -146,7 +146,7 @@ class Settings(BaseSettings):
     @field_validator("device_map")
     @classmethod
     def _device_map_form(cls, value: str) -> str:
-        from extension.devices import device_map_problem
+        from extension.device_options import device_map_problem
 
         problem = device_map_problem(value)
         if problem:

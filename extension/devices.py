@@ -17,18 +17,15 @@ evaluation come from the device: the CPU keeps the sizes it always had, a GPU ge
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .device_options import DEVICE_MAP_STRATEGIES, device_map_problem, device_problem, parse_device_map  # noqa: F401
 from .errors import InvalidOptionError
 
-DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's names
-_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:(0|[1-9][0-9]{0,2}))$")
-_MAP_DEVICE = re.compile(r"^(cpu|disk|cuda:(0|[1-9][0-9]{0,2}))$")
 
 # Evaluation: tokens per forward. The CPU value is what evaluation always used (its numbers and
 # timings stay as they were); on a GPU the budget comes from free memory, within these bounds.
@@ -79,43 +76,6 @@ class Placement:
 
 def _map_label(device_map) -> str:
     return device_map if isinstance(device_map, str) else "{" + ", ".join(f"{k or '(all)'}: {v}" for k, v in device_map.items()) + "}"
-
-
-def device_problem(value: Any) -> str | None:
-    """What is wrong with a device value's form (None: nothing), without asking for a GPU."""
-    if not isinstance(value, str) or not _DEVICE.match(value):
-        return f"must be auto, cpu, cuda or cuda:N (N the number of a GPU), got {value!r}"
-    return None
-
-
-def parse_device_map(value: Any) -> str | dict | None:
-    """None for "none", a strategy name, or a {module: device} dict; InvalidOptionError otherwise."""
-    if isinstance(value, str) and value in ("none", *DEVICE_MAP_STRATEGIES):
-        return None if value == "none" else value
-    problem = (
-        "must be none, auto, balanced, balanced_low_0, sequential or a JSON object mapping module names to "
-        f"devices (cuda:N, cpu or disk), e.g. {{\"model.embed_tokens\": \"cuda:0\", ...}}; got {value!r}"
-    )
-    if not isinstance(value, str) or not value.lstrip().startswith("{"):
-        raise InvalidOptionError(option="device_map", problem=problem)
-    try:
-        mapping = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise InvalidOptionError(option="device_map", problem=f"is not valid JSON ({exc.msg} at character {exc.pos}); {problem}") from None
-    if not isinstance(mapping, dict) or not mapping:
-        raise InvalidOptionError(option="device_map", problem=problem)
-    bad = [f"{k!r}: {v!r}" for k, v in mapping.items() if not isinstance(k, str) or not isinstance(v, str) or not _MAP_DEVICE.match(v)]
-    if bad:
-        raise InvalidOptionError(option="device_map", problem=f"has entries that are not module: device (cuda:N, cpu or disk): {', '.join(bad[:3])}")
-    return mapping
-
-
-def device_map_problem(value: Any) -> str | None:
-    try:
-        parse_device_map(value)
-    except InvalidOptionError as exc:
-        return exc.problem
-    return None
 
 
 def _check_cuda(name: str, value: str, index: int) -> None:

@@ -271,3 +271,14 @@ def test_batches_are_sized_for_the_device(monkeypatch):
     model = torch.nn.Module()
     model.get_input_embeddings = lambda: torch.nn.Embedding(4, 2)
     assert devices.generation_batch_size(model) == devices.CPU_GENERATION_BATCH == 16
+
+
+def test_checking_the_device_settings_does_not_import_torch():
+    """The API reads the same settings; it must not pay for torch to check two strings."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from app.settings import Settings; Settings(device='cuda:1', device_map='auto'); "
+            "import app.main; assert 'torch' not in sys.modules, 'torch was imported'")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
