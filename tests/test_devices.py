@@ -221,32 +221,62 @@ def test_the_worker_passes_the_device_settings_to_the_job():
     assert (spec.device, spec.device_map) == ("cpu", '{"": "cpu"}')
 
 
+def _service_job(settings, request: dict) -> str:
+    from app.db import jobs as job_state
+    from app.db.keys import create_key
+    from app.db.models import Job
+    from worker.runner import sessions_for
+
+    with sessions_for(settings)() as db:
+        key, _ = create_key(db, "k")
+        job = Job(id=job_state.new_job_id(), owner_id=key.id, request_hash="h", base_model=request["base_model"], request=request)
+        db.add(job)
+        db.commit()
+        return job.id
+
+
+def _service_job_row(settings, job_id: str):
+    from app.db.models import Job
+    from worker.runner import sessions_for
+
+    with sessions_for(settings)() as db:
+        job = db.query(Job).filter_by(id=job_id).one()
+        db.expunge(job)
+        return job
+
+
+def test_a_service_job_with_tide_device_cpu_records_cpu_for_every_stage(tmp_path, tiny_model_dir):
+    """The service's door: the worker's TIDE_DEVICE setting (not a request field) decides, and the
+    job's stored metrics say every stage ran on the CPU."""
+    from app.settings import Settings
+    from worker.runner import execute
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "tiny").symlink_to(tiny_model_dir, target_is_directory=True)
+    settings = Settings(data_dir=tmp_path, cache_dir=tmp_path / "cache", device="cpu")
+    job_id = _service_job(settings, {"base_model": "tiny", "terms": TERMS, "training": {"steps": 2, "batch_size": 2, "seq_len": 32},
+                                     "evaluation": {"max_bytes": 1000}})
+    assert execute(job_id, settings) == "succeeded"
+    job = _service_job_row(settings, job_id)
+    assert set(job.metrics["devices"]) == TERMS_JOB_STAGES
+    assert {info["device"] for info in job.metrics["devices"].values()} == {"cpu"}
+
+
 def test_a_service_job_on_a_worker_set_to_cuda_without_cuda_fails_naming_the_setting(tmp_path):
     """The service's door: the device is the operator's TIDE_DEVICE, not a request field, so a
     worker that cannot honour it fails the job with invalid_option naming the setting and the fix
     (the request itself was fine)."""
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from app.db import jobs as job_state
-    from app.db.keys import create_key
-    from app.db.models import Job
     from app.settings import Settings
-    from worker.runner import execute, sessions_for
+    from worker.runner import execute
 
     settings = Settings(data_dir=tmp_path, device="cuda")
-    sessions = sessions_for(settings)
-    with sessions() as db:
-        key, _ = create_key(db, "k")
-        job = Job(id=job_state.new_job_id(), owner_id=key.id, request_hash="h", base_model="m",
-                  request={"base_model": "m", "terms": ["kernel"]})
-        db.add(job)
-        db.commit()
-        job_id = job.id
+    job_id = _service_job(settings, {"base_model": "m", "terms": ["kernel"]})
     assert execute(job_id, settings) == "failed"
-    with sessions() as db:
-        job = db.query(Job).filter_by(id=job_id).one()
-        assert job.status == "failed"
-        code, message = job.error_code, job.error_message
+    job = _service_job_row(settings, job_id)
+    code, message = job.error_code, job.error_message
+    assert job.status == "failed"
     assert code == "invalid_option"
     assert message.startswith("the server setting TIDE_DEVICE is 'cuda' but this machine has no CUDA GPU")
     assert "use auto or cpu" in message
