@@ -318,17 +318,18 @@ def _plan_memory(spec: ExtendSpec, resolved, sources: ModelSources, placement):
 
 
 def _offload_folder(placement, callbacks: Callbacks) -> Path | None:
-    """Where accelerate may put weights it offloads to disk: the job's work folder when it has
-    one (removed with it), else a temporary folder removed when the process exits."""
+    """Where accelerate may put weights it offloads to disk: in the job's work folder when it has
+    one (the service removes it with the job), else a temporary folder; either is removed when the
+    process exits (the offloaded copy can be as big as the model)."""
     if placement.device_map is None:
         return None
-    if callbacks.work_dir is not None:
-        return Path(callbacks.work_dir) / "offload"
     import atexit
     import shutil
     import tempfile
 
-    folder = Path(tempfile.mkdtemp(prefix="tide-offload-"))
+    if callbacks.work_dir is not None:
+        Path(callbacks.work_dir).mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="offload-" if callbacks.work_dir else "tide-offload-", dir=callbacks.work_dir))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     return folder
 
