@@ -9,7 +9,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from extension.models import ModelSources
@@ -119,6 +119,39 @@ class Settings(BaseSettings):
         description="A job that no worker has started this many hours after it was queued fails with queue_timeout "
         "(its queue may have no worker)",
     )
+
+    # where a worker runs its jobs (extension/devices.py)
+    device: str = Field(
+        DEFAULTS["device"],
+        description="Device every stage of a job runs on: auto (this worker's GPU, cuda:0 of the GPUs the container or "
+        "CUDA_VISIBLE_DEVICES gives it, when there is one; else cpu), cpu, cuda or cuda:N",
+    )
+    device_map: str = Field(
+        DEFAULTS["device_map"],
+        description="none: the whole model on TIDE_DEVICE. auto, balanced or sequential: accelerate spreads the frozen base "
+        "model over every GPU this worker sees, then CPU memory, for models bigger than one GPU (give the worker several "
+        "GPUs and route those models to its queue, docs/deploy.md); or a JSON object {module: cuda:N | cpu | disk}",
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _device_form(cls, value: str) -> str:
+        from extension.device_options import device_problem
+
+        problem = device_problem(value)
+        if problem:
+            raise ValueError(f"TIDE_DEVICE {problem}")
+        return value
+
+    @field_validator("device_map")
+    @classmethod
+    def _device_map_form(cls, value: str) -> str:
+        from extension.device_options import device_map_problem
+
+        problem = device_map_problem(value)
+        if problem:
+            raise ValueError(f"TIDE_DEVICE_MAP {problem}")
+        return value
 
     # worker process
     worker_nice: int = Field(

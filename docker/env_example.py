@@ -27,11 +27,13 @@ COMPOSE_VARIABLES = {
     "IMAGE": ("tide:0.1.0", "Image the API and the workers run; a registry name (registry.example.com/tide:0.1.0) when several hosts pull it."),
     "API_BIND": ("0.0.0.0", "Address the API port is published on; 127.0.0.1 keeps it to this host (behind a reverse proxy)."),
     "API_PORT": ("8000", "Host port of the API."),
-    "COMPOSE_PROFILES": ("", "Optional services: gpu1,gpu2,gpu3 add workers on GPUs 1-3 of this host; postgres starts Postgres (then set TIDE_DATABASE_URL)."),
+    "COMPOSE_PROFILES": ("", "Optional services: gpu1,gpu2,gpu3 add workers on GPUs 1-3 of this host; multigpu adds worker-multigpu (all GPUs, big models); postgres starts Postgres (then set TIDE_DATABASE_URL)."),
     "POSTGRES_PASSWORD": ("change-me", "Password of the postgres profile's database; repeat it in TIDE_DATABASE_URL."),
     "REDIS_PASSWORD": ("", "Multi-host only (docker/compose.main-host.yml): Redis password; repeat it in TIDE_REDIS_URL as redis://:PASSWORD@HOST:6379/0."),
     "PRIVATE_IP": ("", "Multi-host only (docker/compose.main-host.yml): this host's private-network address, where Redis and Postgres are published for the other hosts."),
     "NFS_SERVER": ("", "Multi-host only (docker/compose.shared-storage.yml): NFS server holding the data, artifacts and models of every host."),
+    "MULTI_GPU_QUEUE": ("gpu-multi", "The queue of worker-multigpu (profile multigpu: one worker on all of its host's GPUs, for models bigger than one GPU); name it in TIDE_MODEL_QUEUES for those models."),
+    "MULTI_GPU_DEVICE_MAP": ("auto", "TIDE_DEVICE_MAP of worker-multigpu: auto, balanced or sequential (accelerate's ways of spreading the model over the GPUs)."),
     "NFS_EXPORT": ("/srv/tide", "Multi-host only: exported folder on NFS_SERVER with subfolders data, artifacts and models, owned by uid 10001."),
 }
 

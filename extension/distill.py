@@ -61,12 +61,16 @@ def _prompt_ids(tokenizer, text: str) -> list[int]:
 
 @torch.no_grad()
 def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 64, seed: int = 0,
-                   batch_size: int = 16, should_cancel=None, on_progress=None) -> list[str]:
+                   batch_size: int | None = None, should_cancel=None, on_progress=None) -> list[str]:
     """Sample `per_term` continuations of a prompt containing each term, with the BASE model
     (call before attaching the adapter). Returns the full texts, prompt included.
     `on_progress(done, total)` hears how many of the texts are written, after every batch: on a
-    CPU this takes minutes."""
+    CPU this takes minutes. Runs on the model's device, `batch_size` prompts per generate() call
+    (default: the device's, devices.generation_batch_size)."""
+    from .devices import generation_batch_size, model_device
+
     tokenizer = extended.tokenizer
+    batch_size = batch_size or generation_batch_size(model)
     pieces = {t.id: t.base_ids for t in extended.new_tokens}
     prompts: list[list[int]] = []
     for index, term in enumerate(extended.terms):
@@ -74,7 +78,7 @@ def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 
         student = _prompt_ids(tokenizer, template.format(term=term.term))
         prompts.extend([expand(student, extended.base_vocab_size, pieces).teacher] * per_term)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    device = next(model.parameters()).device
+    device = model_device(model)
     texts: list[str] = []
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
@@ -183,10 +187,11 @@ class TermContextObjective:
 
     @torch.no_grad()
     def _teacher_targets(self, adapter: RowsAdapter, contexts: list[Context], width: int):
-        """A function (start, end) -> (p_old, p_new) over the flattened student positions."""
-        device = adapter.input_rows.device
-        teacher_ids = self._pad([c.teacher for c in contexts], device)
-        teacher_hidden = adapter.hidden(teacher_ids)  # only base ids: exactly the base model
+        """A function (start, end) -> (p_old, p_new) over the flattened student positions, on the
+        head's device (where the loss runs)."""
+        teacher_ids = self._pad([c.teacher for c in contexts], adapter.input_rows.device)
+        device = adapter._base_head.weight.device
+        teacher_hidden = adapter.hidden(teacher_ids).to(device)  # only base ids: exactly the base model
         d = teacher_hidden.shape[-1]
         index = torch.zeros(len(contexts), width, dtype=torch.long)  # aligned teacher position
         valid = torch.zeros(len(contexts), width, dtype=torch.bool)

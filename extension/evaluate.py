@@ -18,7 +18,11 @@ How text is scored, identically for every tokenizer:
 Big vocabularies: the full [batch, seq, vocab] logits are never built. The decoder's hidden
 states are computed once per batch and the head + log-softmax run over slices of positions, in
 fp32, sized so one slice holds about `logit_elements` floats. The forward runs in the model's own
-dtype with no gradient. Models whose logits are not `head(decoder(x))` (plus Gemma-style final
+dtype, on the model's device, with no gradient; each forward scores as many chunks as fit in
+`batch_tokens` tokens (default: from the device, extension.devices.eval_batch_tokens).
+
+The base model's scores can be kept on disk (`score_cache`, extension/score_cache.py): a second
+job on the same base model and text reads them instead of scoring again. Models whose logits are not `head(decoder(x))` (plus Gemma-style final
 soft-capping) are detected with one short comparison against the full forward, and then scored
 through the full forward in small batches instead.
 """
@@ -260,13 +264,16 @@ def score_documents(
     new_token_ids: Iterable[int] | None = None,
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    batch_tokens: int | None = None,
     logit_elements: int = DEFAULT_LOGIT_ELEMENTS,
     context_id: int | None = None,
     on_scored: Callable[[int], None] | None = None,
+    score_cache=None,
 ) -> dict | None:
     """Bits per byte, tokens per byte and new-token usage of one body of text (None if empty).
-    `on_scored(n)` hears how many more chunks are scored, batch by batch."""
+    `on_scored(n)` hears how many more chunks are scored, batch by batch. With `score_cache` (a
+    score_cache.ScoreCache of this model) and no `new_token_ids`, a result kept for the same token
+    sequences is returned without running the model, and a new one is kept."""
     per_document = chunk_documents(documents, chunk_bytes, max_bytes)
     chunks = [chunk for doc in per_document for chunk in doc]
     if not chunks:
@@ -281,6 +288,19 @@ def score_documents(
             f"a {chunk_bytes}-byte chunk encodes to {longest} tokens, more than the model's "
             f"{limit} positions; lower chunk_bytes"
         )
+    size = sum(len(chunk.encode("utf-8")) for chunk in chunks)
+    cache_key = None
+    if score_cache is not None and new_token_ids is None:
+        cache_key = score_cache.key(sequences, bytes=size, documents=len(per_document), logit_elements=logit_elements)
+        cached = score_cache.get(cache_key)
+        if cached is not None:
+            if on_scored is not None:
+                on_scored(len(chunks))
+            return cached
+    if batch_tokens is None:
+        from .devices import eval_batch_tokens
+
+        batch_tokens = eval_batch_tokens(model)
     scorer = _Scorer(model, batch_tokens=batch_tokens, logit_elements=logit_elements)
     was_training = model.training
     model.eval()
@@ -290,7 +310,6 @@ def score_documents(
             nats = sum(scorer.score(sequences, pad_id=context, on_scored=on_scored))
     finally:
         model.train(was_training)
-    size = sum(len(chunk.encode("utf-8")) for chunk in chunks)
     tokens = sum(len(ids) for ids in encoded)
     result = {
         "bits_per_byte": nats / (math.log(2) * size),
@@ -308,6 +327,8 @@ def score_documents(
         new = set(int(i) for i in new_token_ids)
         used = [i for ids in encoded for i in ids if i in new]
         result.update(new_tokens=len(used), new_token_usage=len(used) / tokens, distinct_new_tokens_used=len(set(used)))
+    if cache_key is not None:
+        score_cache.put(cache_key, result)
     return result
 
 
@@ -321,14 +342,17 @@ def evaluate_model(
     max_bytes: int | None = DEFAULT_MAX_BYTES,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     general_max_bytes: int | None = None,
-    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    batch_tokens: int | None = None,
     context_id: int | None = None,
     on_progress: Callable[[int, int], None] | None = None,
+    score_cache=None,
 ) -> dict:
     """Score held-out domain documents and general text with one model + tokenizer.
 
     `on_progress(done, total)` hears how many of the chunks (domain and general together) are
     scored, batch by batch: on a CPU a 135M model takes tens of seconds for the default budget.
+    `batch_tokens` (tokens per forward) defaults to the device's (devices.eval_batch_tokens);
+    `score_cache` keeps and reuses the scores of a model scored without `new_token_ids`.
 
     `domain_docs` None or empty (a terms-only job) gives `"domain": None`; likewise for
     `general_text`. `general_max_bytes` defaults to `max_bytes`. The result is JSON-ready:
@@ -362,7 +386,8 @@ def evaluate_model(
             on_progress(done, total)
 
         on_progress(0, total)
-    common = dict(new_token_ids=new_ids, chunk_bytes=chunk_bytes, batch_tokens=batch_tokens, context_id=context, on_scored=on_scored)
+    common = dict(new_token_ids=new_ids, chunk_bytes=chunk_bytes, batch_tokens=batch_tokens, context_id=context,
+                  on_scored=on_scored, score_cache=score_cache)
     domain = score_documents(model, tokenizer, domain_docs or [], max_bytes=max_bytes, **common)
     general = None
     if general_text is not None:

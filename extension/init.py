@@ -50,7 +50,7 @@ def subword_mean_rows(model, new_tokens: Sequence, base_vocab_size: int) -> NewR
     index, owner = _piece_index(new_tokens, base_vocab_size)
 
     def means(matrix: torch.Tensor) -> torch.Tensor:
-        picked = matrix.detach()[index].float()
+        picked = matrix.detach()[index.to(matrix.device)].float().cpu()  # the rows are kept on the CPU, in fp32
         summed = torch.zeros(len(new_tokens), *picked.shape[1:], dtype=torch.float32)
         summed.index_add_(0, owner, picked)
         counts = torch.bincount(owner, minlength=len(new_tokens)).clamp(min=1).float()
@@ -110,13 +110,13 @@ def apply_rows(
     embedding = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     first, end = base_vocab_size, base_vocab_size + len(rows)
-    embedding[first:end] = rows.input.to(embedding.dtype)
+    embedding[first:end] = rows.input.to(embedding.device, embedding.dtype)
     if not tied:
         if rows.output is None:
             raise ValueError("untied model needs output rows; build them with subword_mean_rows")
-        head.weight[first:end] = rows.output.to(head.weight.dtype)
+        head.weight[first:end] = rows.output.to(head.weight.device, head.weight.dtype)
         if getattr(head, "bias", None) is not None and rows.output_bias is not None:
-            head.bias[first:end] = rows.output_bias.to(head.bias.dtype)
+            head.bias[first:end] = rows.output_bias.to(head.bias.device, head.bias.dtype)
 
     padding_ids = list(range(end, new_size))
     report = {
@@ -145,9 +145,9 @@ def _set_vocab_size(config, size: int) -> None:
 
 def padding_probability(model, input_ids: torch.Tensor, padding_ids: Iterable[int]) -> float:
     """Largest total probability the model gives the padding rows at any position of `input_ids`."""
-    ids = torch.tensor(list(padding_ids), dtype=torch.long)
     with torch.no_grad():
-        logits = model(input_ids=input_ids).logits.float()
+        logits = model(input_ids=input_ids.to(model.get_input_embeddings().weight.device)).logits.float()
+    ids = torch.tensor(list(padding_ids), dtype=torch.long, device=logits.device)
     log_probs = torch.log_softmax(logits, dim=-1)
     return float(torch.logsumexp(log_probs[..., ids], dim=-1).exp().max())
 
@@ -164,8 +164,8 @@ def _place_padding_rows(model, padding_ids: list[int], calibration_ids: torch.Te
     text unlike the calibration text (seen: 0.1 on Spanish), so we do not use them.
     """
     head = model.get_output_embeddings()
-    ids = torch.tensor(padding_ids, dtype=torch.long)
-    real_rows = head.weight.detach()[: ids[0]].float()
+    ids = torch.tensor(padding_ids, dtype=torch.long, device=head.weight.device)
+    real_rows = head.weight.detach()[: padding_ids[0]].float()
     head.weight[ids] = real_rows.mean(dim=0).to(head.weight.dtype)
     if getattr(head, "bias", None) is not None:
         head.bias[ids] = torch.finfo(head.bias.dtype).min / 2  # with a bias, exact-enough zero

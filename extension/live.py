@@ -100,7 +100,7 @@ def extend_live_run(trainer, spec: ExtendSpec, callbacks: Callbacks | None = Non
     with torch.random.fork_rng(devices=devices):
         model.eval()
         try:
-            vocabulary = new_vocabulary(spec, model, trainer.processing_class, callbacks, train_in_place=True)
+            vocabulary = new_vocabulary(spec, model, trainer.processing_class, callbacks)
         finally:
             model.train(was_training)
     extended = vocabulary.extended

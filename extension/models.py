@@ -232,11 +232,31 @@ def load_tokenizer(resolved: ResolvedModel, sources: ModelSources):
     return tokenizer
 
 
-def load_model(resolved: ResolvedModel, sources: ModelSources, *, dtype=None):
-    from transformers import AutoModelForCausalLM
+def load_config(resolved: ResolvedModel, sources: ModelSources):
+    """The model's config alone (no weights): what memory planning and the context check read."""
+    from transformers import AutoConfig
 
     try:
-        return AutoModelForCausalLM.from_pretrained(resolved.path, dtype=dtype or "auto", **_hub_kwargs(resolved, sources))
+        return AutoConfig.from_pretrained(resolved.path, **_hub_kwargs(resolved, sources))
+    except (OSError, ValueError) as exc:
+        raise ModelNotFoundError(f"could not read the config of {resolved.name!r}: {_named(exc, resolved)}", param="base_model") from exc
+
+
+def load_model(resolved: ResolvedModel, sources: ModelSources, *, dtype=None, placement=None, offload_folder=None):
+    """Load the model. Without `placement` (or `dtype`): on the CPU in the checkpoint's dtype. With
+    an extension.devices.Placement: straight onto its device (or spread by its device map) in its
+    compute dtype — a GPU job never makes an fp32 copy on the CPU first."""
+    from transformers import AutoModelForCausalLM
+
+    if placement is not None:
+        from .devices import checkpoint_dtype
+
+        kwargs = placement.load_kwargs(checkpoint_dtype(load_config(resolved, sources), resolved.path),
+                                       offload_folder=offload_folder)
+    else:
+        kwargs = {"dtype": dtype or "auto"}
+    try:
+        return AutoModelForCausalLM.from_pretrained(resolved.path, **kwargs, **_hub_kwargs(resolved, sources))
     except OSError as exc:
         raise ModelNotFoundError(f"could not load the model {resolved.name!r}: {_named(exc, resolved)}", param="base_model") from exc
 

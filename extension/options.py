@@ -115,6 +115,15 @@ OPTIONS: tuple[Option, ...] = (
     # evaluation
     Option("eval_max_bytes", int, 50_000, "bytes of held-out domain text, and of general text, scored before and after",
            1000, 100_000_000, api_group="evaluation", api_name="max_bytes", flag="--eval-bytes"),
+    # where the job runs (the operator's choice: on the service, the TIDE_DEVICE / TIDE_DEVICE_MAP
+    # settings). The values are checked where the job runs (extension/devices.py), which is the
+    # only place that knows whether a GPU is there.
+    Option("device", str, "auto", "device every stage runs on: auto (the worker's GPU, cuda:0, when it has one, else "
+           "cpu), cpu, cuda or cuda:N (on the service: the TIDE_DEVICE setting)", 1, 16, api_group=None),
+    Option("device_map", str, "none", "spread the frozen base model over several devices with accelerate: none (all of it "
+           "on --device), auto, balanced or sequential (over every visible GPU, then CPU memory), or a JSON object "
+           "{module: device} (devices: cuda:N, cpu, disk) (on the service: the TIDE_DEVICE_MAP setting)",
+           1, 10_000, api_group=None),
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}

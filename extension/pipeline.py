@@ -77,13 +77,16 @@ class _Stages:
 
 
 def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSources | None = None) -> PipelineResult:
+    from . import devices as job_devices
     from .evaluate import compare, evaluate_model, load_general_text
     from .init import apply_rows
     from .optimizer_state import trainer_checkpoint
+    from .score_cache import ScoreCache
 
     callbacks = callbacks or Callbacks()
     sources = sources or DEFAULT_SOURCES
     validate_spec(spec)
+    placement = job_devices.resolve_placement(spec.device, spec.device_map)  # one device decision per job
     check_output_dir(spec.out_dir, force=spec.force)
     corpus_documents = 0
     if spec.corpus_path is not None:
@@ -94,10 +97,15 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     stages.enter("load")
     resolved = resolve_model(spec.base_model, sources, allow_local_paths=spec.allow_local_paths)
     tokenizer = load_tokenizer(resolved, sources)
-    model = load_model(resolved, sources).eval()
-    model.requires_grad_(False)
     from .train import TrainConfig, max_positions
 
+    # Before a byte of weights is read: the context limit, then whether the job fits its device.
+    memory, stored_dtype = _plan_memory(spec, resolved, sources, placement)
+    callbacks.on_event("memory_plan", memory.to_json())
+    model = load_model(resolved, sources, placement=placement, offload_folder=_offload_folder(placement, callbacks)).eval()
+    model.requires_grad_(False)
+    job_devices.check_spread(model)
+    devices = {"load": job_devices.describe(model)}
     TrainConfig.from_spec(spec).validate(max_positions=max_positions(model))
 
     # A Trainer checkpoint as the base: checked now (layout, optimizer kind), carried at publish.
@@ -111,11 +119,19 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     steps_done = trained.steps_done if trained else 0
 
     stages.enter("evaluate")
+    job_devices.release_cached_memory(job_devices.model_device(model))
+    on_model = job_devices.describe(model)
+    devices.update({name: {"device": "cpu", "dtype": None, "work": "tokenizer"} for name in ("mine", "extend") if name in stages.seconds})
+    devices.update({name: dict(on_model) for name in ("init", "generate", "train") if name in stages.seconds})
+    if trained:
+        devices["train"]["rows_dtype"] = "float32"
     general = load_general_text()
     held_out = _held_out_docs(spec)
     new_ids = [t.id for t in extended.new_tokens]
+    # The base model's scores of this text are kept across jobs (extension/score_cache.py).
+    score_cache = ScoreCache.for_model(Path(sources.cache_dir) / "scores", model)
     # Two passes over the same chunks (before, then after): one progress bar across both.
-    before = evaluate_model(model, tokenizer, held_out, general, max_bytes=spec.eval_max_bytes,
+    before = evaluate_model(model, tokenizer, held_out, general, max_bytes=spec.eval_max_bytes, score_cache=score_cache,
                             on_progress=lambda done, total: callbacks.on_progress(done, 2 * total, {"unit": "chunks"}))
     calibration = _calibration_ids(tokenizer, general)
     init_report = apply_rows(
@@ -129,6 +145,8 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         )
     after = evaluate_model(model, extended.tokenizer, held_out, general, new_token_ids=new_ids, max_bytes=spec.eval_max_bytes,
                            on_progress=lambda done, total: callbacks.on_progress(total + done, 2 * total, {"unit": "chunks"}))
+    devices["evaluate"] = dict(on_model)
+    devices["padding_calibration"] = job_devices.describe(model)
     metrics = {
         "before": before,
         "after": after,
@@ -136,10 +154,19 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         "padding": {k: v for k, v in init_report.items() if k != "padding_ids"},
         "training": {"steps": steps_done, "history": history},
         "selection": {k: v for k, v in vocabulary.selection.items() if k != "effects"},
+        "devices": devices,
+        "memory_plan": memory.to_json(),
+        "evaluation_cache": {"before": score_cache.report()},
     }
     callbacks.on_event("metrics", {"comparison": metrics["comparison"]})
 
     stages.enter("publish")
+    # The published weights are in the base checkpoint's dtype with the old rows bit-identical to
+    # its files: the job's model when it holds exactly those (a CPU job), else the checkpoint
+    # loaded again on the CPU with the same rows written in (a bf16 GPU job of an fp32 checkpoint,
+    # or a model spread with weights offloaded).
+    model = _publishable(model, resolved, sources, stored_dtype, rows, extended.base_vocab_size, spec.pad_to_multiple_of)
+    devices["publish"] = job_devices.describe(model)
     extension = {
         "base_model": {"name": spec.base_model, "source": resolved.kind},
         # corpus_path is where the file lay on the machine that ran the job: corpus_name says which corpus it was
@@ -189,11 +216,11 @@ class NewVocabulary:
 
 
 def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, stages: "_Stages | None" = None,
-                   *, train_in_place: bool = False, corpus_documents: int = 0) -> NewVocabulary:
+                   *, corpus_documents: int = 0) -> NewVocabulary:
     """The stages that make the new rows: mine or extend the tokenizer, init, train, and choose
     what to publish on the validation text (the best step; for corpus jobs, the terms that pay).
-    Shared by `run` and by extending a live Trainer run (extension.live), which trains on the live
-    model itself (`train_in_place`) instead of a device copy."""
+    Shared by `run` and by extending a live Trainer run (extension.live). The rows are trained on
+    `model` itself, where it is (never a copy of it)."""
     from .init import subword_mean_rows
     from .train import build_training_data
 
@@ -230,7 +257,7 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
         objective = build_training_data(spec, model, extended, callbacks) if spec.steps > 0 else None
     validation, selection = _validation_text(spec, model, tokenizer, objective, callbacks)
     if objective is not None:
-        trained = _train(spec, model, extended, rows, objective, callbacks, in_place=train_in_place, validation=validation)
+        trained = _train(spec, model, extended, rows, objective, callbacks, validation=validation)
         rows = trained.rows
         selection.update(_step_report(trained, validation))
     vocabulary = NewVocabulary(extended=extended, rows=rows, trained=trained, mined=mined, selection=selection,
@@ -337,13 +364,13 @@ def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks, documents: int):
     return mined
 
 
-def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callbacks, *, in_place: bool = False,
-           validation=None):
-    """Train the new rows on `objective` (built from the plain base model, before attaching),
+def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callbacks, *, validation=None):
+    """Train the new rows on `objective` (built from the plain base model, before attaching), on
+    the frozen model itself, on its device (a bf16 base on a GPU; the new rows are fp32),
     keeping the best step on `validation` when there is one."""
     from .rows import attach
     from .selection import StepScorer, ValidationPlan
-    from .train import TrainConfig, run_identity, train_rows, training_model
+    from .train import TrainConfig, run_identity, train_rows
 
     identity = run_identity(model, extended)
     config = TrainConfig.from_spec(spec)
@@ -352,13 +379,65 @@ def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callba
         plan = ValidationPlan.for_training(steps=config.steps, batch_size=config.batch_size, seq_len=config.seq_len,
                                            available_tokens=validation.base.tokens)
         validate = StepScorer(validation, extended, plan)
-    # On a GPU this is a bf16 copy; the trained fp32 rows go back into the original model.
-    trained = model if in_place else training_model(model)
-    adapter = attach(trained, extended.base_vocab_size, rows, pad_to_multiple_of=spec.pad_to_multiple_of)
+    adapter = attach(model, extended.base_vocab_size, rows, pad_to_multiple_of=spec.pad_to_multiple_of)
     try:
-        return train_rows(trained, adapter, objective, config, callbacks, identity=identity, validate=validate)
+        return train_rows(model, adapter, objective, config, callbacks, identity=identity, validate=validate)
     finally:
         adapter.detach()
+
+
+def _plan_memory(spec: ExtendSpec, resolved, sources: ModelSources, placement):
+    """(memory plan, the checkpoint's stored dtype), from the config alone; raises the option
+    error of a seq_len past the model's context, and InsufficientMemoryError for a job that
+    cannot fit its device."""
+    from types import SimpleNamespace
+
+    from .devices import check_device_map, checkpoint_dtype, eval_batch_tokens_for
+    from .memory_plan import check_plan, plan_for_spec
+    from .models import load_config
+    from .train import TrainConfig, max_positions
+
+    config = load_config(resolved, sources)
+    TrainConfig.from_spec(spec).validate(max_positions=max_positions(SimpleNamespace(config=config)))
+    check_device_map(config, placement.device_map)
+    stored = checkpoint_dtype(config, resolved.path if resolved.kind != "hub" else None)
+    dtype = placement.compute_dtype(stored)
+    plan = plan_for_spec(spec, config, placement=placement, dtype=dtype,
+                         eval_batch_tokens=eval_batch_tokens_for(placement.device, config, dtype),
+                         model_path=resolved.path if resolved.kind != "hub" else None)
+    check_plan(plan, base_model=spec.base_model, batch_size=spec.batch_size, seq_len=spec.seq_len)
+    return plan, stored
+
+
+def _offload_folder(placement, callbacks: Callbacks) -> Path | None:
+    """Where accelerate may put weights it offloads to disk: in the job's work folder when it has
+    one (the service removes it with the job), else a temporary folder; either is removed when the
+    process exits (the offloaded copy can be as big as the model)."""
+    if placement.device_map is None:
+        return None
+    import atexit
+    import shutil
+    import tempfile
+
+    if callbacks.work_dir is not None:
+        Path(callbacks.work_dir).mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="offload-" if callbacks.work_dir else "tide-offload-", dir=callbacks.work_dir))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
+def _publishable(model, resolved, sources: ModelSources, stored_dtype, rows, base_vocab_size: int, pad_to_multiple_of: int):
+    """The model to publish: `model` when its weights are the checkpoint's own (same dtype, none
+    offloaded), else the checkpoint loaded on the CPU in its dtype with `rows` applied."""
+    from .devices import offloaded, release_cached_memory, model_device
+    from .init import apply_rows
+
+    if model.get_input_embeddings().weight.dtype == stored_dtype and not offloaded(model):
+        return model
+    release_cached_memory(model_device(model))
+    copy = load_model(resolved, sources).eval()  # CPU, dtype "auto": the checkpoint's own
+    apply_rows(copy, rows, base_vocab_size=base_vocab_size, pad_to_multiple_of=pad_to_multiple_of)
+    return copy
 
 
 def _held_out_docs(spec: ExtendSpec) -> list[str]:

@@ -210,14 +210,17 @@ class RowsAdapter(nn.Module):
         )
         self.pad_to_multiple_of = pad_to_multiple_of
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        # The new rows live with the matrices they extend: input rows with the embedding, untied
+        # output rows with the head (a model spread over devices may hold the two on different GPUs).
         device = embedding.weight.device
+        head_device = device if tied else model.get_output_embeddings().weight.device
         self.input_rows = nn.Parameter(rows.input.detach().to(device, torch.float32).clone())
         # Untied models only: the lm_head's own new rows. What the head scores with is `logit_rows`.
-        self.output_rows = None if tied else nn.Parameter(rows.output.detach().to(device, torch.float32).clone())
+        self.output_rows = None if tied else nn.Parameter(rows.output.detach().to(head_device, torch.float32).clone())
         bias = rows.output_bias if not tied else None
         if bias is None and not tied and getattr(model.get_output_embeddings(), "bias", None) is not None:
             bias = torch.zeros(self.num_new)
-        self.output_bias = None if bias is None else nn.Parameter(bias.detach().to(device, torch.float32).clone())
+        self.output_bias = None if bias is None else nn.Parameter(bias.detach().to(head_device, torch.float32).clone())
         self._requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
         self._original: tuple[nn.Module, nn.Module] | None = None
 
@@ -273,6 +276,7 @@ class RowsAdapter(nn.Module):
         """Full logits over the padded vocab, fp32, capped like the model's, padding columns -inf.
         For eval and tests."""
         old_weight, old_bias = _old_head_weight(self._base_head, self.base_vocab_size)
+        hidden = hidden.to(old_weight.device)
         parts = [
             F.linear(hidden, old_weight, old_bias).float(),
             F.linear(hidden.float(), self.logit_rows, self.output_bias),
@@ -290,11 +294,11 @@ class RowsAdapter(nn.Module):
     ) -> tuple[torch.Tensor, int]:
         """(summed cross-entropy, number of scored targets). targets[b, t] is the token after
         position t (already shifted), IGNORE_INDEX where unscored."""
-        hidden2d = hidden.reshape(-1, hidden.shape[-1])
-        targets1d = targets.reshape(-1)
+        old_weight, old_bias = _old_head_weight(self._base_head, self.base_vocab_size)
+        hidden2d = hidden.reshape(-1, hidden.shape[-1]).to(old_weight.device)  # a spread model: the head's device
+        targets1d = targets.reshape(-1).to(old_weight.device)
         count = int((targets1d != IGNORE_INDEX).sum())
         chunk = self.chunk_positions(chunk_elements)
-        old_weight, old_bias = _old_head_weight(self._base_head, self.base_vocab_size)
         total = _FusedRowsCrossEntropy.apply(
             hidden2d, targets1d, self.logit_rows, self.output_bias, old_weight, old_bias, chunk, self.softcap
         )
@@ -303,9 +307,9 @@ class RowsAdapter(nn.Module):
     def soft_loss_sum(self, hidden: torch.Tensor, targets, *, chunk_elements: int = DEFAULT_LOSS_CHUNK_ELEMENTS) -> torch.Tensor:
         """Summed cross-entropy against target distributions: `targets(start, end)` gives
         (p_old [c, base_vocab], p_new [c, num_new]) for flattened positions start..end."""
-        hidden2d = hidden.reshape(-1, hidden.shape[-1])
-        chunk = self.chunk_positions(chunk_elements)
         old_weight, old_bias = _old_head_weight(self._base_head, self.base_vocab_size)
+        hidden2d = hidden.reshape(-1, hidden.shape[-1]).to(old_weight.device)
+        chunk = self.chunk_positions(chunk_elements)
         return _FusedRowsCrossEntropy.apply(
             hidden2d, targets, self.logit_rows, self.output_bias, old_weight, old_bias, chunk, self.softcap
         )
@@ -328,8 +332,8 @@ class RowsAdapter(nn.Module):
     def merge(self, into=None, **apply_kwargs) -> dict:
         """Detach, then write the trained rows into plain, resized weights.
 
-        `into` defaults to the attached model; pass the original-dtype model when training ran
-        on a bf16 copy (see train.training_model). Returns init.apply_rows's report; the model
+        `into` defaults to the attached model; pass another model (e.g. one loaded in the
+        checkpoint's dtype for publishing) to write the rows there instead. Returns init.apply_rows's report; the model
         is then a plain HF model with `vocab_size` rows, ready for save_pretrained.
         """
         self.detach()

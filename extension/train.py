@@ -432,17 +432,6 @@ def build_training_data(spec, model, extended, callbacks: Callbacks | None = Non
                  on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "contexts"}))
 
 
-# -- devices ----------------------------------------------------------------------------------
-def training_model(model, device: str | torch.device | None = None):
-    """The model to attach the adapter to. CPU: the model itself. CUDA: a bf16 copy on the GPU
-    (the rows stay fp32 in the adapter); merge the trained rows into the ORIGINAL model with
-    `adapter.merge(into=model)` so the published old weights keep their dtype and bits."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cpu":
-        return model
-    return copy.deepcopy(model).to(device=device, dtype=torch.bfloat16)
-
-
 def max_positions(model) -> int | None:
     config = getattr(model.config, "text_config", None) or model.config
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)

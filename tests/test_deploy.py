@@ -186,6 +186,28 @@ def test_each_gpu_worker_reserves_its_own_gpu(base):
     assert base["services"]["postgres"]["profiles"] == ["postgres"]
 
 
+def test_a_multi_gpu_worker_gets_every_gpu_its_own_queue_and_the_device_map(base, cpu, tmp_path):
+    """docs/deploy.md: models bigger than one GPU go to one worker that holds all of its host's
+    GPUs and spreads the model over them (TIDE_DEVICE_MAP=auto), on a queue of its own."""
+    worker = base["services"]["worker-multigpu"]
+    assert worker["profiles"] == ["multigpu"]
+    [device] = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert device == {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
+    env = worker["environment"]
+    assert set(env) == {f"TIDE_{name.upper()}" for name in Settings.model_fields}
+    assert env["TIDE_QUEUE"] == "gpu-multi" and env["TIDE_DEVICE_MAP"] == "auto"
+    assert Settings(device_map=env["TIDE_DEVICE_MAP"], queue=env["TIDE_QUEUE"]).device_map == "auto"
+    reference = base["services"]["worker-gpu0"]
+    assert {k: v for k, v in env.items() if k not in ("TIDE_QUEUE", "TIDE_DEVICE_MAP")} == {
+        k: v for k, v in reference["environment"].items() if k not in ("TIDE_QUEUE", "TIDE_DEVICE_MAP")}
+    for key in ("image", "command", "healthcheck", "stop_grace_period", "volumes"):
+        assert worker[key] == reference[key]
+    assert "gpu" in cpu["services"]["worker-multigpu"]["profiles"]  # parked on a CPU-only stack
+    routed = compose_config(tmp_path, COMPOSE, MULTI_GPU_QUEUE="gpu-4x80g", TIDE_MODEL_QUEUES=json.dumps({"my-70b": "gpu-4x80g"}))
+    assert routed["services"]["worker-multigpu"]["environment"]["TIDE_QUEUE"] == "gpu-4x80g"
+    assert json.loads(routed["services"]["api"]["environment"]["TIDE_MODEL_QUEUES"]) == {"my-70b": "gpu-4x80g"}
+
+
 def test_cpu_override_parks_the_gpu_workers_and_runs_the_same_worker_without_a_gpu(base, cpu):
     for service in GPU_WORKERS:
         assert "gpu" in cpu["services"][service]["profiles"]

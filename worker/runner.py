@@ -149,6 +149,8 @@ def build_spec(job: Job, corpus: StoredFile | None, settings: Settings) -> Exten
         corpus_name=corpus.filename if corpus is not None else None,  # the name its owner gave it
         **request_options(request),
         max_term_chars=settings.max_term_chars,
+        device=settings.device,
+        device_map=settings.device_map,
         allow_local_paths=False,
         force=True,  # the folder is this job's own; a takeover republishes over a half-finished attempt
     )
