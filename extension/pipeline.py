@@ -309,6 +309,7 @@ def _step_report(trained, validation) -> dict:
 def _choose_terms(spec: ExtendSpec, model, tokenizer, vocabulary: NewVocabulary, validation, callbacks: Callbacks) -> None:
     """Corpus jobs: drop the terms that do not pay (selection.terms). Terms-only jobs keep the
     user's terms and report each one's measured effect on its held-out contexts."""
+    from .selection.plan import MAX_SELECTION_ROUNDS
     from .selection.terms import keep_optimizer_rows, measure_terms, merges_rebuilder, select_terms, term_units, terms_rebuilder, token_units
 
     extended = vocabulary.extended
@@ -327,10 +328,11 @@ def _choose_terms(spec: ExtendSpec, model, tokenizer, vocabulary: NewVocabulary,
         last = chosen.rounds[-1]
         raise InvalidCorpusError(
             f"no new token paid for itself on the corpus's validation split: with {chosen.rounds[0]['new_tokens']} new "
-            f"tokens the model scored {chosen.rounds[0]['bits_per_byte']:.4f} bits per byte there, and after "
-            f"{len(chosen.rounds)} rounds of removing the harmful ones still {last['bits_per_byte']:.4f} against the base "
-            f"model's {last['base_bits_per_byte']:.4f}; nothing was published. Train longer (steps), give more text, "
-            "or publish every term anyway with selection 'none' (--keep-all-terms)",
+            f"tokens the model scored {chosen.rounds[0]['bits_per_byte']:.4f} bits per byte there against the base "
+            f"model's {last['base_bits_per_byte']:.4f}, and removing the tokens that cost more than they save "
+            f"({len(chosen.rounds)} of at most {MAX_SELECTION_ROUNDS} rounds, last scored {last['bits_per_byte']:.4f}) "
+            "left none; nothing was published. Train longer (steps), give more text, or publish every term anyway "
+            "with selection 'none' (--keep-all-terms)",
             param="corpus",
         )
     for entry in chosen.removed:
