@@ -207,6 +207,7 @@ def main() -> None:
     parser.add_argument("--eval-bytes", type=int, default=20_000,
                         help="test-split bytes scored, and general-English bytes (product default 50000)")
     parser.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="for smoke runs only: the measured runs use the default")
+    parser.add_argument("--max-docs", type=int, default=0, help="for smoke runs only: the first N documents (0: all)")
     parser.add_argument("--out", type=Path, help="default benchmarks/results/quality_<domain>.md")
     parser.add_argument("--report", type=Path, metavar="JSON", help="only rewrite the .md next to an earlier run's .json")
     parser.add_argument("--combine", nargs="+", type=Path, metavar="JSON",
@@ -233,6 +234,8 @@ def main() -> None:
         print(f"[{time.time() - started:6.0f}s] {args.domain}: {message}", file=sys.stderr, flush=True)
 
     docs = documents(args.domain)
+    if args.max_docs:
+        docs = docs[:args.max_docs]
     splits = {s: [d for d in docs if split_of(d) == s] for s in ("train", "validation", "test")}
     data = {"documents": {s: len(v) for s, v in splits.items()},
             "bytes": {s: sum(len(d.encode("utf-8")) for d in v) for s, v in splits.items()}}
