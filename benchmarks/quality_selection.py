@@ -300,9 +300,12 @@ def report(result: dict) -> str:
          if isinstance(result["command"], str) else
          "Commands, run at the same time: " + ", ".join(f"`{c}`" for c in result["command"])
          + f" ({result['seconds'] / 60:.0f} min on 2 shared CPU cores), then `python benchmarks/quality_selection.py "
-         f"--combine ... --out benchmarks/results/quality_{domain}.md`. Base: the product's own \"before\" scoring"
-         + (" (the separate base evaluation: " + ", ".join(f"{k} process {v:.4f}" for k, v in result["base_evaluations"].items())
-            + " domain bits/byte)" if result.get("base_evaluations") else "") + "."),
+         f"--combine ... --out benchmarks/results/quality_{domain}.md`."),
+        ("Base: the product's own \"before\" scoring of the same text" if any(
+            r["system"].startswith("ours") and r["published"] for r in result["rows"])
+         else "Base: the base model scored by this script (the product published nothing)")
+        + (" (each process's base: " + ", ".join(f"{k} process {v:.4f}" for k, v in result["base_evaluations"].items())
+           + " domain bits/byte)" if result.get("base_evaluations") else "") + ".",
         "",
         ("Defaults were chosen on this domain (reported apart from the new ones)." if domain in CHOSEN_ON
          else "No default was ever chosen on this domain."),
