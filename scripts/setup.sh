@@ -25,6 +25,8 @@ need=()
 [ -d /usr/share/games/fortunes/es ] || need+=(fortunes-es)
 [ -e /usr/share/games/fortunes/chinese ] || need+=(fortunes-zh)
 [ -e /usr/share/games/fortunes/fortunes ] || need+=(fortunes)
+# CMake's reference manual (.rst), the English technical domain of benchmarks/quality_selection.py.
+compgen -G "/usr/share/cmake-*/Help" >/dev/null || need+=(cmake-data)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 # Headless Chromium + its WebDriver for the browser tests of the pages (tests/service/test_pages_browser.py).
