@@ -130,3 +130,18 @@ def smollm2_untied_path(smollm2_path) -> Path:
             AutoTokenizer.from_pretrained(smollm2_path).save_pretrained(staging)
             staging.rename(target)
     return target
+
+
+@pytest.fixture(scope="module")
+def cli_env(tmp_path_factory, smollm2_path):
+    """The `tide` CLI's settings for one test module: its own data folder, the shared model cache."""
+    data = tmp_path_factory.mktemp("tide-data")
+    old = dict(os.environ)
+    os.environ.update(TIDE_DATA_DIR=str(data), TIDE_CACHE_DIR=str(smollm2_path.parent.parent))
+    from app.settings import get_settings
+
+    get_settings.cache_clear()
+    yield data
+    os.environ.clear()
+    os.environ.update(old)
+    get_settings.cache_clear()

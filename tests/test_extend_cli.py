@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -27,20 +26,6 @@ FORTUNES = Path("/usr/share/games/fortunes/fortunes")
 SPANISH = sorted(Path("/usr/share/games/fortunes/es").glob("*.fortunes"))
 # Total probability the padding rows may take at any position (issue 2), measured here, not by init.
 PADDING_PROBABILITY_PROMISED = 1e-4
-
-
-@pytest.fixture(scope="module")
-def cli_env(tmp_path_factory, smollm2_path):
-    data = tmp_path_factory.mktemp("tide-data")
-    old = dict(os.environ)
-    os.environ.update(TIDE_DATA_DIR=str(data), TIDE_CACHE_DIR=str(smollm2_path.parent.parent))
-    from app.settings import get_settings
-
-    get_settings.cache_clear()
-    yield data
-    os.environ.clear()
-    os.environ.update(old)
-    get_settings.cache_clear()
 
 
 @pytest.fixture(scope="module")

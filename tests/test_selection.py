@@ -5,7 +5,6 @@ test split that no decision saw. Real SmolLM2, real Spanish text (Debian's fortu
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 from collections import Counter
@@ -162,20 +161,6 @@ def test_a_harmful_term_is_removed_and_the_tokenizer_stays_valid(smollm2, smollm
 
 
 # --- through the door: best step 0 publishes the init; the report says what happened ----------
-
-
-@pytest.fixture(scope="module")
-def cli_env(tmp_path_factory, smollm2_path):
-    data = tmp_path_factory.mktemp("tide-data")
-    old = dict(os.environ)
-    os.environ.update(TIDE_DATA_DIR=str(data), TIDE_CACHE_DIR=str(smollm2_path.parent.parent))
-    from app.settings import get_settings
-
-    get_settings.cache_clear()
-    yield data
-    os.environ.clear()
-    os.environ.update(old)
-    get_settings.cache_clear()
 
 
 WRECKING = ["--steps", "2", "--batch-size", "1", "--seq-len", "64", "--lr", "1.0", "--embedding-lr-multiplier", "100",
