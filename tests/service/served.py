@@ -93,6 +93,11 @@ def _read_answer(sock: socket.socket, timeout: float) -> tuple[int, dict[str, st
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
     headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    if "content-length" not in headers and headers.get("connection") == "close":
+        # no length (uvicorn's own answer to unparseable input): the body ends where the connection does
+        while chunk := sock.recv(65536):
+            body += chunk
+        return status, headers, body, True
     length = int(headers.get("content-length", "0"))
     while len(body) < length:
         chunk = sock.recv(65536)
