@@ -27,6 +27,8 @@ CORPUS_JOB_STAGES = {"load", "mine", "init", "train", "evaluate", "padding_calib
 # tiny_model_dir's modules, one layer on disk: accelerate's offload, brought in per forward
 SPLIT = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
          "model.norm": "cpu", "lm_head": "cpu"}
+# These check what a machine WITHOUT CUDA does (auto picks the CPU, cuda is refused with its fix).
+ON_A_MACHINE_WITHOUT_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 
 
 @pytest.fixture()
@@ -73,9 +75,8 @@ def test_extend_device_cpu_records_cpu_for_every_stage(tmp_path, tiny_model_dir,
     assert all(info["device"] == "cpu" for info in recorded.values())
 
 
+@ON_A_MACHINE_WITHOUT_CUDA
 def test_the_default_device_on_a_machine_without_a_gpu_is_cpu(tmp_path, tiny_model_dir, cli_cache):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: auto means cuda:0 here")
     assert resolve_placement("auto", "none") == Placement(torch.device("cpu"))
     assert _extend(tmp_path, tiny_model_dir, "auto", "--steps", "0") == 0
     assert {info["device"] for info in _metrics(tmp_path / "auto")["devices"].values()} == {"cpu"}
@@ -98,9 +99,8 @@ def test_a_bad_device_value_names_the_flag_and_writes_nothing(tmp_path, tiny_mod
     assert not (tmp_path / "out").exists()
 
 
+@ON_A_MACHINE_WITHOUT_CUDA
 def test_cuda_on_a_machine_without_cuda_says_so_and_the_fix(tmp_path, tiny_model_dir, cli_cache, capsys):
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
     for value in ("cuda", "cuda:1"):
         assert _extend(tmp_path, tiny_model_dir, "out", "--device", value) == 2
         err = capsys.readouterr().err
@@ -262,12 +262,11 @@ def test_a_service_job_with_tide_device_cpu_records_cpu_for_every_stage(tmp_path
     assert {info["device"] for info in job.metrics["devices"].values()} == {"cpu"}
 
 
+@ON_A_MACHINE_WITHOUT_CUDA
 def test_a_service_job_on_a_worker_set_to_cuda_without_cuda_fails_naming_the_setting(tmp_path):
     """The service's door: the device is the operator's TIDE_DEVICE, not a request field, so a
     worker that cannot honour it fails the job with invalid_option naming the setting and the fix
     (the request itself was fine)."""
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
     from app.settings import Settings
     from worker.runner import execute
 
