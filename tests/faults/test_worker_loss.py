@@ -46,9 +46,13 @@ def test_a_dead_workers_job_is_marked_lost_resumed_by_another_then_failed_after_
 
         service.wait_for(job["id"], lambda _job: _event(service, job["id"], "train_resumed") is not None, 120, "training resumed")
         resumed = _event(service, job["id"], "train_resumed")["payload"]
-        # the last checkpoint: progress reaches the database throttled (worker/runner.py), so the step
-        # the job last recorded may trail the checkpoint written just before the kill by a few steps
-        assert 20 <= resumed["step"] <= lost["payload"]["step"] + TRAIN["checkpoint_every"] and resumed["step"] % 10 == 0
+        # the last checkpoint, so never one older than the step the job had recorded. Progress reaches the
+        # database throttled (worker/runner.py: twice a second), and tiny steps can run dozens in that
+        # half second, so the recorded step may trail the last checkpoint by any number of steps: only the
+        # lower bound is exact
+        every = TRAIN["checkpoint_every"]
+        assert resumed["step"] % every == 0 and resumed["step"] >= lost["payload"]["step"] // every * every >= 20
+        assert resumed["step"] < TRAIN["steps"]
         again = service.wait_for_training(job["id"], min_step=resumed["step"] + 1)
         assert again["attempt"] == 2
         survivor = next(w for w in workers if w is not holder)
