@@ -17,7 +17,7 @@ from extension.corpus import HELD_OUT_FRACTION, TEST_FRACTION, split_documents, 
 from extension.evaluate import read_fortune_file
 from extension.init import subword_mean_rows
 from extension.selection import ValidationPlan, build_validation, keep_optimizer_rows, select_terms
-from extension.selection.plan import MIN_EVAL_TOKENS, STEP_COST_IN_FORWARDS, VALIDATION_SHARE
+from extension.selection.plan import MIN_EVAL_TOKENS, STEP_COST_IN_SCORED_TOKENS, VALIDATION_SHARE
 from extension.selection.terms import carry_rows, term_units, terms_rebuilder
 from extension.tokenizer import extend_tokenizer
 
@@ -74,7 +74,7 @@ def test_validation_plan_stays_within_its_share_and_scores_step_zero_and_the_las
         plan = ValidationPlan.for_training(steps=steps, batch_size=batch, seq_len=seq, available_tokens=10**9)
         scored = [step for step in range(steps + 1) if plan.due(step)]
         assert scored[0] == 0 and scored[-1] == steps
-        budget = VALIDATION_SHARE * STEP_COST_IN_FORWARDS * steps * batch * seq
+        budget = VALIDATION_SHARE * STEP_COST_IN_SCORED_TOKENS * steps * batch * seq
         # under the share, except that two scorings of MIN_EVAL_TOKENS are the least a decision needs
         assert len(scored) * plan.tokens_per_eval <= max(budget, 2 * MIN_EVAL_TOKENS) * 1.05, (steps, scored, plan)
 
