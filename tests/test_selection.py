@@ -18,7 +18,7 @@ from extension.evaluate import read_fortune_file
 from extension.init import subword_mean_rows
 from extension.selection import ValidationPlan, build_validation, keep_optimizer_rows, select_terms
 from extension.selection.plan import MIN_EVAL_TOKENS, STEP_COST_IN_SCORED_TOKENS, VALIDATION_SHARE
-from extension.selection.terms import carry_rows, term_units, terms_rebuilder
+from extension.selection.terms import carry_rows, measure_terms, term_units, terms_rebuilder, token_units
 from extension.tokenizer import extend_tokenizer
 
 SPANISH = sorted(Path("/usr/share/games/fortunes/es").glob("*.fortunes"))
@@ -135,6 +135,15 @@ def test_a_harmful_term_is_removed_and_the_tokenizer_stays_valid(smollm2, smollm
 
     survivors = [unit for unit in units if unit.name not in first_round]
     assert survivors  # a bad row is charged to its own term, not to every term near it
+
+    # the nets never explain less than the measured change: what the attribution cannot place is
+    # shared out per use, so a round that removes every harmful unit closes the whole gap
+    measured = measure_terms(smollm2, extended, rows, validation, units=token_units(extended), pad_to_multiple_of=64)
+    change = (measured["bits_per_byte"] - validation.base_bits_per_byte()) * validation.bytes
+    per_use = measured["unexplained_bits_per_use"]
+    assert sum(e["net_bits"] for e in measured["effects"].values()) >= change - 0.05
+    for effect in measured["effects"].values():
+        assert effect["unexplained_bits"] == pytest.approx(per_use * effect["occurrences"], abs=1e-3)
     for kept in [rebuild(survivors)] + ([chosen.extended] if chosen.extended is not None else []):
         kept_terms = {term.term for term in kept.terms}
         assert victim not in kept_terms

@@ -9,7 +9,9 @@ effect is harmful, rebuild the tokenizer from the base with what is kept (so mer
 intermediates no kept token needs go too, and the kept ids are renumbered without holes), carry
 each kept token's trained rows over by its vocabulary string, and score again.
 
-Which units go in a round: those with a harmful net effect that occur in the validation text;
+A unit's net effect is what the attribution places on its tokens plus, per use, an even share of
+the change it cannot place (`unexplained_bits_per_use`). Which units go in a round: those with a
+harmful net effect that occur in the validation text;
 if none, those harmful only through their leak (never seen there); if none, the less useful
 half by net effect (the attribution misses longer-range effects, the re-score does not). If the
 last round is still above the base, nothing is kept.
@@ -65,10 +67,12 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
     for number in range(1, max_rounds + 1):
         score = _score(model, current, current_rows, validation, pad_to_multiple_of)
         effects = token_effects(score, validation.base, first_new_id=current.base_vocab_size, num_new=len(current.new_tokens))
-        unit_effects = _unit_effects(kept_units, current, effects)
+        per_use = unexplained_bits_per_use(score, validation.base, effects)
+        unit_effects = _unit_effects(kept_units, current, effects, per_use)
         margin = standard_error(score, validation.base)
         rounds.append({"round": number, "new_tokens": len(current.new_tokens), "units": len(kept_units),
-                       "bits_per_byte": score.bits_per_byte, "base_bits_per_byte": base_bpb, "margin_bits_per_byte": margin})
+                       "bits_per_byte": score.bits_per_byte, "base_bits_per_byte": base_bpb, "margin_bits_per_byte": margin,
+                       "unexplained_bits_per_use": per_use})
         if score.bits_per_byte + margin <= base_bpb:
             return Selection(current, current_rows, kept_index, removed, rounds, _effects_json(unit_effects))
         if should_cancel is not None and should_cancel():
@@ -105,6 +109,20 @@ def standard_error(score, base) -> float:
     return float(differences.std() * len(differences) ** 0.5) / (math.log(2) * score.bytes)
 
 
+def unexplained_bits_per_use(score, base, effects: list[TokenEffect]) -> float:
+    """The change in validation bits the attribution does not place (it sees 8 tokens after each
+    new one, not further), per use of a new token; 0 when the attribution already explains all
+    of it or more. Without new tokens the text scores exactly as the base, so the whole measured
+    change is theirs: spread evenly over their uses it is charged to every unit by how often it
+    is used. Without this share, a round can remove every unit the attribution calls harmful and
+    leave the model still above the base, round after round, until the last one keeps nothing
+    (SmolLM2 at defaults: CMake manual and Chinese, benchmarks/results/quality_{cmake,zh}.md)."""
+    measured = sum(float(e.nll.sum() - b.nll.sum()) for e, b in zip(score.chunks, base.chunks)) / math.log(2)
+    uses = sum(effect.occurrences for effect in effects)
+    unexplained = measured - sum(effect.net_bits for effect in effects)
+    return max(unexplained, 0.0) / uses if uses else 0.0
+
+
 def _score(model, extended, rows: NewRows, validation: ValidationSet, pad_to_multiple_of: int):
     adapter = attach(model, extended.base_vocab_size, rows, pad_to_multiple_of=pad_to_multiple_of)
     try:
@@ -116,21 +134,25 @@ def _score(model, extended, rows: NewRows, validation: ValidationSet, pad_to_mul
 @dataclass
 class _UnitEffect:
     occurrences: int
-    net_bits: float
+    net_bits: float  # attributed + its share of the unexplained change
     leak_bits: float
+    unexplained_bits: float = 0.0
 
     def to_json(self) -> dict:
-        return {"occurrences": self.occurrences, "net_bits": round(self.net_bits, 3), "leak_bits": round(self.leak_bits, 3)}
+        return {"occurrences": self.occurrences, "net_bits": round(self.net_bits, 3), "leak_bits": round(self.leak_bits, 3),
+                "unexplained_bits": round(self.unexplained_bits, 3)}
 
 
-def _unit_effects(units: list[Unit], extended, effects: list[TokenEffect]) -> dict[str, _UnitEffect]:
+def _unit_effects(units: list[Unit], extended, effects: list[TokenEffect], unexplained_per_use: float = 0.0) -> dict[str, _UnitEffect]:
     by_token = {token.token: effects[k] for k, token in enumerate(extended.new_tokens)}
     result = {}
     for unit in units:
         mine = [by_token[t] for t in unit.tokens if t in by_token]
+        uses = sum(e.occurrences for e in mine)
+        share = unexplained_per_use * uses
         result[unit.name] = _UnitEffect(
-            occurrences=sum(e.occurrences for e in mine), net_bits=sum(e.net_bits for e in mine),
-            leak_bits=sum(e.leak_bits for e in mine),
+            occurrences=uses, net_bits=sum(e.net_bits for e in mine) + share,
+            leak_bits=sum(e.leak_bits for e in mine), unexplained_bits=share,
         )
     return result
 
@@ -148,7 +170,8 @@ def _harmful(units: list[Unit], effects: dict[str, _UnitEffect]) -> list[Unit]:
 
 def _reason(effect: _UnitEffect) -> str:
     if effect.net_bits > 0 and effect.occurrences:
-        return f"costs {effect.net_bits:.1f} bits more than it saves over its {effect.occurrences} uses in the validation text"
+        share = f", {effect.unexplained_bits:.1f} of them its share of the change no single token explains" if effect.unexplained_bits else ""
+        return f"costs {effect.net_bits:.1f} bits more than it saves over its {effect.occurrences} uses in the validation text{share}"
     if effect.net_bits > 0:
         return f"never used in the validation text, and takes {effect.leak_bits:.2f} bits of probability elsewhere"
     return (f"saves only {-effect.net_bits:.1f} bits: among the least useful half, removed because the "
@@ -204,7 +227,9 @@ def measure_terms(model, extended, rows: NewRows, validation: ValidationSet, *, 
     """Each unit's measured effect, nothing removed (terms-only jobs keep the user's terms)."""
     score = _score(model, extended, rows, validation, pad_to_multiple_of)
     effects = token_effects(score, validation.base, first_new_id=extended.base_vocab_size, num_new=len(extended.new_tokens))
-    return {"bits_per_byte": score.bits_per_byte, "effects": _effects_json(_unit_effects(units, extended, effects))}
+    per_use = unexplained_bits_per_use(score, validation.base, effects)
+    return {"bits_per_byte": score.bits_per_byte, "unexplained_bits_per_use": per_use,
+            "effects": _effects_json(_unit_effects(units, extended, effects, per_use))}
 
 
 def term_units(extended) -> list[Unit]:
