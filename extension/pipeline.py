@@ -328,7 +328,8 @@ def _choose_terms(spec: ExtendSpec, model, tokenizer, vocabulary: NewVocabulary,
         last = chosen.rounds[-1]
         raise InvalidCorpusError(
             f"no new token paid for itself on the corpus's validation split: with {chosen.rounds[0]['new_tokens']} new "
-            f"tokens the model scored {chosen.rounds[0]['bits_per_byte']:.4f} bits per byte there against the base "
+            f"tokens the model scored {chosen.rounds[0]['bits_per_byte']:.4f} bits per byte on the half of it that judges "
+            "(the other half decides which tokens go) against the base "
             f"model's {last['base_bits_per_byte']:.4f}, and removing the tokens that cost more than they save "
             f"({len(chosen.rounds)} of at most {MAX_SELECTION_ROUNDS} rounds, last scored {last['bits_per_byte']:.4f}) "
             "left none; nothing was published. Train longer (steps), give more text, or publish every term anyway "

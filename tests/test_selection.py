@@ -18,7 +18,9 @@ from extension.evaluate import read_fortune_file
 from extension.init import subword_mean_rows
 from extension.selection import ValidationPlan, build_validation, keep_optimizer_rows, select_terms
 from extension.selection.plan import MIN_EVAL_TOKENS, STEP_COST_IN_SCORED_TOKENS, VALIDATION_SHARE
+from extension.selection.scoring import ChunkScore, TextScore
 from extension.selection.terms import carry_rows, measure_terms, term_units, terms_rebuilder, token_units
+from extension.selection.validation import chunks_within
 from extension.tokenizer import extend_tokenizer
 
 SPANISH = sorted(Path("/usr/share/games/fortunes/es").glob("*.fortunes"))
@@ -79,6 +81,11 @@ def test_validation_plan_stays_within_its_share_and_scores_step_zero_and_the_las
         assert len(scored) * plan.tokens_per_eval <= max(budget, 2 * MIN_EVAL_TOKENS) * 1.05, (steps, scored, plan)
 
 
+def test_step_scoring_reads_whole_chunks_within_its_tokens():
+    score = TextScore([ChunkScore(ids=[0] * n, ends=[], nll=torch.zeros(n, dtype=torch.float64)) for n in (300, 300, 300, 50)], 1)
+    assert [chunks_within(score, t) for t in (100, 300, 599, 600, 901, 10_000)] == [1, 1, 1, 2, 3, 4]
+
+
 # --- the moments follow the published rows -------------------------------------------------------
 
 
@@ -127,6 +134,15 @@ def test_a_harmful_term_is_removed_and_the_tokenizer_stays_valid(smollm2, smollm
     units = term_units(extended)
     rebuild = terms_rebuilder(smollm2_tokenizer, max_term_chars=64)
     chosen = select_terms(smollm2, extended, rows, validation, units=units, rebuild=rebuild, pad_to_multiple_of=64)
+
+    # terms are chosen on one half of the chunks and the verdict is taken on the other half
+    decide, judge = validation.folds()
+    assert decide and judge and not set(decide) & set(judge) and sorted(decide + judge) == list(range(len(validation.chunks)))
+    for number, record in enumerate(chosen.rounds, start=1):
+        assert record["base_bits_per_byte"] == pytest.approx(validation.base_fold(judge).bits_per_byte)
+        assert record["decided_on_base_bits_per_byte"] == pytest.approx(validation.base_fold(decide).bits_per_byte)
+        stopped = record["bits_per_byte"] + record["margin_bits_per_byte"] <= record["base_bits_per_byte"]
+        assert stopped == (number == len(chosen.rounds) and chosen.extended is not None)
 
     first_round = {entry["term"]: entry for entry in chosen.removed if entry["round"] == 1}
     assert victim in first_round, chosen.removed

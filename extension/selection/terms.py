@@ -1,9 +1,12 @@
 """Keep only the new tokens that pay for themselves on the validation text.
 
-Round after round (at most MAX_SELECTION_ROUNDS scorings): score the validation text with the
-current tokens and rows; stop when it is below the base model's bits per byte by at least one
-standard error of the per-chunk difference (the test split is other text: a model that only
-just ties the base on validation lands above it on test about half the time); otherwise
+The validation chunks are cut into two interleaved folds (ValidationSet.folds): which units go
+is decided on one, whether what is left beats the base is judged on the other, so the terms a
+round keeps because they were lucky on the text they were chosen on do not flatter the verdict.
+Round after round (at most MAX_SELECTION_ROUNDS scorings of the whole text): score both folds
+with the current tokens and rows; stop when the judging fold is below the base model's bits per
+byte by at least one standard error of the per-chunk difference (the test split is other text:
+a model that only just ties the base lands above it on test about half the time); otherwise
 remove the units (a mined merge, or a user's term with all its forms) whose attributed net
 effect is harmful, rebuild the tokenizer from the base with what is kept (so merges and
 intermediates no kept token needs go too, and the kept ids are renumbered without holes), carry
@@ -63,17 +66,19 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
     kept_index = list(range(len(extended.new_tokens)))
     removed: list[dict] = []
     rounds: list[dict] = []
-    base_bpb = validation.base_bits_per_byte()
+    decide, judge = validation.folds()
+    base_decide, base_judge = validation.base_fold(decide), validation.base_fold(judge)
     for number in range(1, max_rounds + 1):
-        score = _score(model, current, current_rows, validation, pad_to_multiple_of)
-        effects = token_effects(score, validation.base, first_new_id=current.base_vocab_size, num_new=len(current.new_tokens))
-        per_use = unexplained_bits_per_use(score, validation.base, effects)
+        score, judged = _score(model, current, current_rows, validation, pad_to_multiple_of, decide, judge)
+        effects = token_effects(score, base_decide, first_new_id=current.base_vocab_size, num_new=len(current.new_tokens))
+        per_use = unexplained_bits_per_use(score, base_decide, effects)
         unit_effects = _unit_effects(kept_units, current, effects, per_use)
-        margin = standard_error(score, validation.base)
+        margin = standard_error(judged, base_judge)
         rounds.append({"round": number, "new_tokens": len(current.new_tokens), "units": len(kept_units),
-                       "bits_per_byte": score.bits_per_byte, "base_bits_per_byte": base_bpb, "margin_bits_per_byte": margin,
-                       "unexplained_bits_per_use": per_use})
-        if score.bits_per_byte + margin <= base_bpb:
+                       "bits_per_byte": judged.bits_per_byte, "base_bits_per_byte": base_judge.bits_per_byte,
+                       "margin_bits_per_byte": margin, "decided_on_bits_per_byte": score.bits_per_byte,
+                       "decided_on_base_bits_per_byte": base_decide.bits_per_byte, "unexplained_bits_per_use": per_use})
+        if judged.bits_per_byte + margin <= base_judge.bits_per_byte:
             return Selection(current, current_rows, kept_index, removed, rounds, _effects_json(unit_effects))
         if should_cancel is not None and should_cancel():
             break
@@ -123,10 +128,15 @@ def unexplained_bits_per_use(score, base, effects: list[TokenEffect]) -> float:
     return max(unexplained, 0.0) / uses if uses else 0.0
 
 
-def _score(model, extended, rows: NewRows, validation: ValidationSet, pad_to_multiple_of: int):
+def _score(model, extended, rows: NewRows, validation: ValidationSet, pad_to_multiple_of: int,
+           *folds: list[int]):
+    """The whole validation text with each new token's leak, or (folds given) one TextScore per
+    fold, the first with leaks (it is the one effects are attributed on)."""
     adapter = attach(model, extended.base_vocab_size, rows, pad_to_multiple_of=pad_to_multiple_of)
     try:
-        return validation.score(model, extended, leak=True)
+        if not folds:
+            return validation.score(model, extended, leak=True)
+        return tuple(validation.score(model, extended, leak=k == 0, fold=fold) for k, fold in enumerate(folds))
     finally:
         adapter.detach()
 

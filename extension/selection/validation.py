@@ -36,12 +36,27 @@ class ValidationSet:
         size = sum(len(text.encode("utf-8")) for text in self.chunks[:chunks])
         return TextScore(part, size).bits_per_byte
 
-    def score(self, model, extended, *, chunks: int | None = None, leak: bool = False) -> TextScore:
-        """Score the model as it is now (new rows attached) reading `extended`'s tokenizer."""
+    def score(self, model, extended, *, chunks: int | None = None, leak: bool = False,
+              fold: list[int] | None = None) -> TextScore:
+        """Score the model as it is now (new rows attached) reading `extended`'s tokenizer: the
+        first `chunks` chunks, or the chunks at the indices `fold` (see `folds`)."""
+        texts = [self.chunks[i] for i in fold] if fold is not None else self.chunks[: chunks or len(self.chunks)]
         return score_text(
-            model, extended.tokenizer, self.chunks[: chunks or len(self.chunks)], context_id=self.context_id,
+            model, extended.tokenizer, texts, context_id=self.context_id,
             first_new_id=extended.base_vocab_size if leak else None, num_new=len(extended.new_tokens) if leak else 0,
         )
+
+    def folds(self) -> tuple[list[int], list[int]]:
+        """(decide, judge): every other chunk. Term selection decides which terms go on one fold
+        and judges whether the result beats the base on the other: judged on the text it chose
+        on, a selection looks better than it is (the terms kept include those that were lucky
+        there), which on FOLDOC showed as -0.38% on validation and +0.97% on the test split."""
+        indices = range(len(self.chunks))
+        return [i for i in indices if i % 2 == 0], [i for i in indices if i % 2 == 1]
+
+    def base_fold(self, fold: list[int]) -> TextScore:
+        """The base model's scores on the chunks of `fold`."""
+        return TextScore([self.base.chunks[i] for i in fold], sum(len(self.chunks[i].encode("utf-8")) for i in fold))
 
     def report(self) -> dict:
         return {"source": self.source, "bytes": self.bytes, "chunks": len(self.chunks),
@@ -65,12 +80,13 @@ def build_validation(model, base_tokenizer, documents: list[str], *, source: str
 
 
 def chunks_within(score: TextScore, tokens: int) -> int:
-    """How many leading chunks of `score` hold about `tokens` tokens (at least one)."""
+    """How many leading chunks of `score` hold at most `tokens` tokens (at least one: never more,
+    so long chunks cannot push step scoring past its budget)."""
     total = 0
     for count, chunk in enumerate(score.chunks, start=1):
         total += len(chunk.ids)
-        if total >= tokens:
-            return count
+        if total > tokens:
+            return max(1, count - 1)
     return len(score.chunks)
 
 
