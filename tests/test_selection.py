@@ -19,7 +19,9 @@ from extension.init import subword_mean_rows
 from extension.selection import ValidationPlan, build_validation, keep_optimizer_rows, select_terms
 from extension.selection.plan import MIN_EVAL_TOKENS, STEP_COST_IN_SCORED_TOKENS, VALIDATION_SHARE
 from extension.selection.scoring import ChunkScore, TextScore
-from extension.selection.terms import carry_rows, measure_terms, term_units, terms_rebuilder, token_units
+from extension.selection.terms import (
+    Unit, built_on_units, carry_rows, measure_terms, merges_rebuilder, term_units, terms_rebuilder, token_units,
+)
 from extension.selection.validation import chunks_within
 from extension.tokenizer import extend_tokenizer
 
@@ -260,3 +262,19 @@ def test_the_card_names_each_removed_term_with_its_measured_reason():
                               "leak_bits": 1.2, "reason": "costs 52.0 bits more than it saves over its 9 uses in the validation text"}]}
     card = "\n".join(_selection_lines(selection))
     assert "chose the rows of step 40" in card and "`' cual'` | 9 | +52.0 | costs 52.0 bits more" in card
+
+
+def test_units_built_on_a_harmful_intermediate_are_found(smollm2_tokenizer):
+    # two mined merges, the second built on the first (" zq" + "rx" -> " zqrx"; " zqrx" + "vw"):
+    # removing the first alone changes nothing, since the rebuild keeps what the second needs
+    pieces = smollm2_tokenizer.convert_ids_to_tokens(smollm2_tokenizer(" zqrxvw", add_special_tokens=False)["input_ids"])
+    assert len(pieces) >= 3, pieces
+    first = (pieces[0], pieces[1])
+    merges = [first, (first[0] + first[1], pieces[2]), (pieces[0], pieces[2])]
+    rebuild = merges_rebuilder(smollm2_tokenizer, merges)
+    units = token_units(rebuild([Unit(a + b, (a + b,)) for a, b in merges]))
+    by_token = {unit.tokens[0]: unit for unit in units}
+    intermediate, built, unrelated = (by_token[a + b] for a, b in merges)
+    assert intermediate.tokens[0] in {t.token for t in rebuild([built]).new_tokens}  # the rebuild keeps it
+    assert built_on_units([intermediate], units, rebuild) == {built: intermediate.name}
+    assert built_on_units([unrelated], units, rebuild) == {}

@@ -95,6 +95,19 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
         # a unit another kept one is built from stays (its merge is a step of theirs): not removed
         present = {token.token for token in rebuilt.new_tokens}
         stayed = [unit for unit in going if all(token in present for token in unit.tokens)]
+        if stayed and len(stayed) == len(going):
+            # nothing could go, so the next round would score the same tokens again: the units
+            # built on the harmful ones go with them
+            built_on = built_on_units(stayed, kept_units, rebuild)
+            for unit in built_on:
+                removed.append({"term": unit.name, "tokens": list(unit.tokens), "round": number,
+                                "reason": f"built on {built_on[unit]!r}, which costs more than it saves", **unit_effects[unit.name].to_json()})
+            kept_units = [unit for unit in kept_units if unit not in built_on]
+            if not kept_units:
+                return Selection(None, None, [], removed, rounds, _effects_json(unit_effects))
+            rebuilt = rebuild(kept_units)
+            present = {token.token for token in rebuilt.new_tokens}
+            stayed = [unit for unit in going if all(token in present for token in unit.tokens)]
         if stayed:
             names = {unit.name for unit in stayed}
             removed = [entry for entry in removed if not (entry["round"] == number and entry["term"] in names)]
@@ -112,6 +125,21 @@ def standard_error(score, base) -> float:
     if len(differences) < 2:
         return 0.0
     return float(differences.std() * len(differences) ** 0.5) / (math.log(2) * score.bytes)
+
+
+def built_on_units(harmful: list[Unit], kept: list[Unit], rebuild: Callable[[list[Unit]], object]) -> dict[Unit, str]:
+    """The kept units whose tokens are built on a harmful unit's token (rebuilt alone, they bring
+    it back), each with the harmful unit's name. Only units whose text contains the harmful
+    one's are rebuilt to check: a merge's result spells its parts."""
+    found: dict[Unit, str] = {}
+    for bad in harmful:
+        for unit in kept:
+            if unit in found or unit == bad or bad.name not in unit.name:
+                continue
+            present = {token.token for token in rebuild([unit]).new_tokens}
+            if set(bad.tokens) <= present:
+                found[unit] = bad.name
+    return found
 
 
 def unexplained_bits_per_use(score, base, effects: list[TokenEffect]) -> float:
