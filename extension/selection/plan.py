@@ -37,10 +37,10 @@ MIN_VALIDATION_BYTES = 2_000
 # what the other half of the text did not confirm. The last round removes whatever is left if the
 # model is still above the base: at most this many re-scorings per job (each about as long as
 # scoring SELECTION_MAX_BYTES once). It was 4 until the CMake manual's job ended its fourth 0.25%
-# above the base and published nothing; with 6 it ended at the very same score (1.1842 against
-# 1.1813), so its later rounds most likely removed only units that kept tokens are built from,
-# which the rebuild keeps: a stall that more rounds cannot break (removing those units' dependents
-# with them would). 6 costs at most two more scorings, and only on a job that is failing anyway.
+# above the base and published nothing; with 6, and with the tokens built on a harmful one removed
+# along with it (terms.built_on_units), it ended at the very same score (1.1842 against 1.1813):
+# its later rounds changed nothing on the judging half. So 6 is not shown to help; it costs at
+# most two more scorings, only on a job that is failing anyway.
 MAX_SELECTION_ROUNDS = 6
 
 
