@@ -149,7 +149,8 @@ def unexplained_bits_per_use(score, base, effects: list[TokenEffect]) -> float:
     change is theirs: spread evenly over their uses it is charged to every unit by how often it
     is used. Without this share, a round can remove every unit the attribution calls harmful and
     leave the model still above the base, round after round, until the last one keeps nothing
-    (SmolLM2 at defaults: CMake manual and Chinese, benchmarks/results/quality_{cmake,zh}.md)."""
+    (SmolLM2 at defaults, CMake manual and Chinese, before this share; with it they still keep
+    nothing at 100 steps: benchmarks/results/quality_{cmake,zh}.md)."""
     measured = sum(float(e.nll.sum() - b.nll.sum()) for e, b in zip(score.chunks, base.chunks)) / math.log(2)
     uses = sum(effect.occurrences for effect in effects)
     unexplained = measured - sum(effect.net_bits for effect in effects)
