@@ -39,8 +39,8 @@ MIN_VALIDATION_BYTES = 2_000
 # scoring SELECTION_MAX_BYTES once). It was 4 until the CMake manual's job ended its fourth 0.25%
 # above the base and published nothing; with 6, and with the tokens built on a harmful one removed
 # along with it (terms.built_on_units), it ended at the very same score (1.1842 against 1.1813):
-# its later rounds changed nothing on the judging half. On FOLDOC they did: round 4 ended at
-# 1.5846 and round 6 at 1.5602 against the base's 1.5622, below it but within one standard error,
+# its later rounds changed nothing on the judging half. On FOLDOC they did: the 4-round run ended at
+# 1.5846, the 6-round run at 1.5602 against the base's 1.5622, below it but within one standard error,
 # so that job too published nothing. Extra rounds cost one scoring each, only on a job that
 # would otherwise fail.
 MAX_SELECTION_ROUNDS = 6
