@@ -10,7 +10,7 @@ from pathlib import Path
 from .cli_options import add_option_flags
 
 FILTER_KINDS = ("digits", "punctuation", "urls", "control")
-MINING_OPTIONS = ["max_new_tokens", "min_frequency", "corpus_text_field"]
+MINING_OPTIONS = ["max_new_tokens", "min_frequency", "mining_unit", "corpus_text_field"]
 
 
 def register(sub) -> None:
@@ -46,7 +46,7 @@ def _run(args: argparse.Namespace) -> int:
     print(f"mining {args.corpus} with the {args.base_model} tokenizer ...", file=sys.stderr)
     result = mine_terms(
         tokenizer, args.corpus, max_new_tokens=args.max_new_tokens,
-        min_frequency=args.min_frequency, text_field=args.corpus_text_field, filters=filters,
+        min_frequency=args.min_frequency, mining_unit=args.mining_unit, text_field=args.corpus_text_field, filters=filters,
     )
     if args.json:
         print(json.dumps(result.to_json(), indent=2, ensure_ascii=False))

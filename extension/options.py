@@ -92,6 +92,10 @@ OPTIONS: tuple[Option, ...] = (
     # mining (corpus jobs without terms)
     Option("max_new_tokens", int, 300, "most new vocabulary entries mining may add, intermediates included", 1, 50_000, api_group="mining"),
     Option("min_frequency", int, 3, "a mined candidate must occur at least this often in the corpus", 1, 1_000_000, api_group="mining"),
+    Option("mining_unit", str, "pairs",
+           "what mining joins: 'pairs' continues the base tokenizer's BPE (the most frequent adjacent pieces, word "
+           "fragments included); 'words' makes whole words (pre-tokens) single tokens, most tokens saved first, adding "
+           "only the intermediates their merges need", choices=("pairs", "words"), api_group="mining"),
     # tokenizer and rows
     Option("max_term_chars", int, 64, "longest accepted term, in characters (on the service: the TIDE_MAX_TERM_CHARS setting)", 1, 1024, api_group=None),
     Option("pad_to_multiple_of", int, 64, "pad the vocabulary up to a multiple of this (1: no padding)", 1, 4096, api_group="root"),

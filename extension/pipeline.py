@@ -326,6 +326,8 @@ def _choose_terms(spec: ExtendSpec, model, tokenizer, vocabulary: NewVocabulary,
     vocabulary.selection.update(chosen.to_json(), terms_seconds=round(time.perf_counter() - started, 3))
     if chosen.extended is None:
         last = chosen.rounds[-1]
+        # The job fails below; its events still say what each round scored and removed.
+        callbacks.on_event("selection", {k: v for k, v in vocabulary.selection.items() if k not in ("effects", "validation_curve")})
         raise InvalidCorpusError(
             f"no new token paid for itself on the corpus's validation split: with {chosen.rounds[0]['new_tokens']} new "
             f"tokens the model scored {chosen.rounds[0]['bits_per_byte']:.4f} bits per byte on the half of it that judges "
@@ -357,7 +359,7 @@ def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks, documents: int):
     total = 2 * documents  # the two passes over the corpus: counting words, checking encodings
     mined = mine_terms(
         tokenizer, spec.corpus_path, max_new_tokens=spec.max_new_tokens,
-        min_frequency=spec.min_frequency, text_field=spec.corpus_text_field,
+        min_frequency=spec.min_frequency, mining_unit=spec.mining_unit, text_field=spec.corpus_text_field,
         should_cancel=callbacks.should_cancel, corpus_name=spec.corpus_name or "corpus",
         on_progress=(lambda read: callbacks.on_progress(min(read, total - 1), total, {"unit": "documents"})) if total else None,
     )

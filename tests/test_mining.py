@@ -15,6 +15,7 @@ from extension.corpus import held_out_documents, is_held_out, iter_documents
 from extension.errors import InvalidCorpusError, InvalidOptionError
 from extension.mining import MiningFilters, continue_bpe, mine_terms, mine_texts
 from extension.mining.filters import ANSI_ESCAPE
+from extension.mining.whole_words import join_whole_words
 
 FOLDOC = Path("/usr/share/dictd/foldoc.dict.dz")
 FORTUNES = Path("/usr/share/games/fortunes")
@@ -84,6 +85,54 @@ def test_merge_loop_respects_refusals_and_banned_pairs():
     result = continue_bpe(words, NAMES, max_merges=10, min_count=1, reject=refuse_cd, banned_pairs={("a", "b")})
     assert [m.token for m in result.merges] == ["bc"]
     assert result.skipped == Counter({"probe_text": 1, "punctuation": 1})
+
+
+def test_whole_words_most_saving_first_within_the_budget():
+    # Saving: "abcd" 3 x 2 = 6, "abc" 2 x 2 = 4, "cd" 1 x 3 = 3, "bd" 1 x 1 (under min_count).
+    # "abcd" needs 3 new strings, over a budget of 2; "abc" fits ("ab" on the way); then it is full.
+    words = [(_pieces("a", "b", "c", "d"), 2), (_pieces("a", "b", "c"), 2), (_pieces("c", "d"), 3), (_pieces("b", "d"), 1)]
+    result = join_whole_words(words, NAMES, {"a": 0, "b": 1, "c": 2, "d": 3}, max_merges=2, min_count=2,
+                              reject=lambda *_: None)
+    assert [m.token for m in result.merges] == ["ab", "abc"]
+    assert result.skipped == Counter({"over_budget": 1})
+    # "abcd" is left as "abc" + "d": both words save two tokens per use
+    assert result.tokens_before - result.tokens_after == sum(m.tokens_saved for m in result.merges) == 4 + 4
+    assert result.usage == [0, 4] and result.used_by_later_merge == [True, False]
+    assert result.pieces[1] == ["a", "b", "c"]
+    # with room, the longest saver comes first and "abc" costs nothing more
+    roomy = join_whole_words(words, NAMES, {"a": 0, "b": 1, "c": 2, "d": 3}, max_merges=3, min_count=2,
+                             reject=lambda *_: None)
+    assert [m.token for m in roomy.merges] == ["ab", "abc", "abcd"]
+
+
+def test_whole_words_never_pass_through_base_strings_or_refused_ones():
+    words = [(_pieces("a", "b", "c"), 5), (_pieces("c", "d"), 4), (_pieces("a", "d"), 3)]
+    base = {"a": 0, "b": 1, "c": 2, "d": 3, "ab": 9}  # "ab" is a base string no base merge reaches
+    refuse_ad = lambda left, right, token: "punctuation" if token == "ad" else None  # noqa: E731
+    result = join_whole_words(words, NAMES, base, max_merges=10, min_count=1, reject=refuse_ad, banned_pairs={("c", "d")})
+    assert [(m.left, m.right) for m in result.merges] == [("b", "c"), ("a", "bc")]
+    assert result.skipped == Counter({"no_plan": 1, "punctuation": 1})
+
+
+@pytest.mark.parametrize("unit", ["pairs", "words"])
+def test_both_mining_units_give_reachable_tokens_and_no_longer_documents(smollm2_tokenizer, foldoc_corpus, unit):
+    docs = list(iter_documents(foldoc_corpus))[:3000]
+    result = mine_texts(smollm2_tokenizer, ["\n\n".join(docs)], max_new_tokens=120, mining_unit=unit)
+    assert result.report["params"]["mining_unit"] == unit and result.report["guarantee"]["passed"]
+    assert len(result.terms) == 120
+    for term in result.terms:
+        assert _ids(result.extended.tokenizer, term.text) == [term.id], term
+    if unit == "words":
+        # every new token that stands in the text is a whole word of the corpus (an intermediate
+        # may stand where a longer word starts with it): the most frequent offers are words
+        words = Counter(w for d in docs for w in re.findall(r" ?[A-Za-z]+", d))
+        finals = [t for t in result.terms if not any(o.merge[0] == t.token or o.merge[1] == t.token for o in result.terms)]
+        assert finals and all(words[t.text] >= 3 for t in finals), [t.text for t in finals if words[t.text] < 3]
+
+
+def test_mining_unit_is_checked(smollm2_tokenizer, foldoc_corpus):
+    with pytest.raises(InvalidOptionError, match=r"mining_unit must be one of 'pairs', 'words', got 'chars'"):
+        mine_terms(smollm2_tokenizer, foldoc_corpus, mining_unit="chars")
 
 
 # --- filters ------------------------------------------------------------------------------------
@@ -325,5 +374,11 @@ def test_cli_table_and_json(smollm2_path, foldoc_corpus, tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert len(data["terms"]) == 25 and data["guarantee"]["passed"]
     assert {"text", "frequency", "tokens_saved", "original_pieces"} <= set(data["terms"][0])
+    assert data["params"]["mining_unit"] == "pairs"
+    assert main(common + ["--json", "--mining-unit", "words"]) == 0
+    words = json.loads(capsys.readouterr().out)
+    assert words["params"]["mining_unit"] == "words" and words["guarantee"]["passed"]
+    assert main(common + ["--mining-unit", "chars"]) == 2
+    assert "--mining-unit must be one of 'pairs', 'words', got 'chars'" in capsys.readouterr().err
     assert main(["mine", "--corpus", str(path), "--base-model", str(smollm2_path), "--max-new-tokens", "0"]) == 2
     assert "error (--max-new-tokens): --max-new-tokens must be an integer from 1 to 50,000, got 0" in capsys.readouterr().err

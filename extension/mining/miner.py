@@ -22,6 +22,7 @@ from ..errors import InvalidCorpusError, JobCancelled
 from ..options import BY_NAME, DEFAULTS
 from .bpe_continuation import Continuation, continue_bpe
 from .check import EncodingCheck, compare_encodings
+from .whole_words import join_whole_words
 from .filters import MiningFilters
 from .result import MinedTerm, MiningResult
 from .vocabulary import TokenizerView
@@ -35,6 +36,7 @@ def mine_terms(
     *,
     max_new_tokens: int = DEFAULTS["max_new_tokens"],
     min_frequency: int = DEFAULTS["min_frequency"],
+    mining_unit: str = DEFAULTS["mining_unit"],
     text_field: str = "text",
     filters: MiningFilters | None = None,
     should_cancel: Callable[[], bool] | None = None,
@@ -58,7 +60,7 @@ def mine_terms(
 
     return _mine(
         tokenizer, documents, source={"file": path.name if corpus_name is None else corpus_name, "text_field": text_field},
-        max_new_tokens=max_new_tokens, min_frequency=min_frequency,
+        max_new_tokens=max_new_tokens, min_frequency=min_frequency, mining_unit=mining_unit,
         filters=filters or MiningFilters(), should_cancel=should_cancel, param="corpus",
     )
 
@@ -69,6 +71,7 @@ def mine_texts(
     *,
     max_new_tokens: int = DEFAULTS["max_new_tokens"],
     min_frequency: int = DEFAULTS["min_frequency"],
+    mining_unit: str = DEFAULTS["mining_unit"],
     filters: MiningFilters | None = None,
     should_cancel: Callable[[], bool] | None = None,
 ) -> MiningResult:
@@ -81,14 +84,15 @@ def mine_texts(
 
     return _mine(
         tokenizer, documents, source={"inline_texts": len(texts)},
-        max_new_tokens=max_new_tokens, min_frequency=min_frequency,
+        max_new_tokens=max_new_tokens, min_frequency=min_frequency, mining_unit=mining_unit,
         filters=filters or MiningFilters(), should_cancel=should_cancel, param="corpus_text",
     )
 
 
-def check_mining_options(max_new_tokens: int, min_frequency: int) -> None:
+def check_mining_options(max_new_tokens: int, min_frequency: int, mining_unit: str = DEFAULTS["mining_unit"]) -> None:
     BY_NAME["max_new_tokens"].check(max_new_tokens)
     BY_NAME["min_frequency"].check(min_frequency)
+    BY_NAME["mining_unit"].check(mining_unit)
 
 
 def _count_words(
@@ -153,13 +157,14 @@ def _mine(
     source: dict,
     max_new_tokens: int,
     min_frequency: int,
+    mining_unit: str,
     filters: MiningFilters,
     should_cancel: Callable[[], bool] | None,
     param: str,
 ) -> MiningResult:
     from ..tokenizer import extend_with_merges, probe_text_unchanged
 
-    check_mining_options(max_new_tokens, min_frequency)
+    check_mining_options(max_new_tokens, min_frequency, mining_unit)
     view = TokenizerView(tokenizer)
     seconds: dict[str, float] = {}
 
@@ -186,10 +191,16 @@ def _mine(
     seconds["merge"] = seconds["extend"] = seconds["check"] = 0.0
     while True:
         started = time.perf_counter()
-        continuation = continue_bpe(
-            words, names, max_merges=max_new_tokens, min_count=min_frequency, reject=reject,
-            banned_pairs=banned, should_cancel=should_cancel,
-        )
+        if mining_unit == "words":
+            continuation = join_whole_words(
+                words, names, view.backend.get_vocab(with_added_tokens=False), max_merges=max_new_tokens,
+                min_count=min_frequency, reject=reject, banned_pairs=banned, should_cancel=should_cancel,
+            )
+        else:
+            continuation = continue_bpe(
+                words, names, max_merges=max_new_tokens, min_count=min_frequency, reject=reject,
+                banned_pairs=banned, should_cancel=should_cancel,
+            )
         merges = [(m.left, m.right) for m in continuation.merges]
         seconds["merge"] += round(time.perf_counter() - started, 3)
         started = time.perf_counter()
@@ -217,7 +228,7 @@ def _mine(
     terms = _terms(view, continuation, extended, min_frequency)
     report = _report(
         source=source, stats=corpus_stats, continuation=continuation, check=check,
-        terms=terms, max_new_tokens=max_new_tokens, min_frequency=min_frequency, filters=filters,
+        terms=terms, max_new_tokens=max_new_tokens, min_frequency=min_frequency, mining_unit=mining_unit, filters=filters,
         repairs=repairs, probe_ok=probe_text_unchanged(tokenizer, extended.tokenizer) if merges else True,
         seconds=seconds,
     )
@@ -263,6 +274,7 @@ def _report(
     terms: list[MinedTerm],
     max_new_tokens: int,
     min_frequency: int,
+    mining_unit: str,
     filters: MiningFilters,
     repairs: list[dict],
     probe_ok: bool,
@@ -271,7 +283,8 @@ def _report(
     report: dict = {
         "source": source,
         "corpus": stats,
-        "params": {"max_new_tokens": max_new_tokens, "min_frequency": min_frequency, "filters": filters.to_json()},
+        "params": {"max_new_tokens": max_new_tokens, "min_frequency": min_frequency, "mining_unit": mining_unit,
+                   "filters": filters.to_json()},
         "new_tokens": len(terms),
         "terms_count": sum(t.kind == "term" for t in terms),
         "intermediates_count": sum(t.kind == "intermediate" for t in terms),

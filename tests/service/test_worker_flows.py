@@ -104,14 +104,15 @@ def test_corpus_job_mines_terms_and_its_artifacts_expire(client, auth, worker, a
     text = "\n\n".join(foldoc_documents(400, skip=3000)).encode("utf-8")
     stored = client.post("/files", files={"file": ("foldoc.txt", text)}, headers=auth).json()
     job = _submit(client, auth, {
-        "base_model": TINY_MODEL, "corpus_file_id": stored["id"], "mining": {"max_new_tokens": 20, "min_frequency": 3},
-        "training": SMALL, "evaluation": QUICK_EVAL,
+        "base_model": TINY_MODEL, "corpus_file_id": stored["id"], "mining": {"max_new_tokens": 20, "min_frequency": 3, "mining_unit": "words"},
+        "training": SMALL, "evaluation": QUICK_EVAL, "selection": "none",  # a tiny random model: no token pays
     })
     done = wait_for_status(client, auth, job["id"], {"succeeded", "failed", "cancelled"}, 300, worker)
     assert done["status"] == "succeeded", (done["error"], worker.log_tail())
     assert done["mined_terms"] and len(done["mined_terms"]) <= 20
-    kinds = {e["kind"] for e in _events(client, auth, job["id"])}
-    assert "mined_terms" in kinds
+    events = _events(client, auth, job["id"])
+    mined = next(e["payload"] for e in events if e["kind"] == "mined_terms")
+    assert mined["params"]["mining_unit"] == "words" and done["request"]["mining"]["mining_unit"] == "words"
     stages = [e["payload"]["stage"] for e in _events(client, auth, job["id"]) if e["kind"] == "stage"]
     assert stages[:2] == ["load", "mine"]
 
