@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 
 import quality  # noqa: E402
-from extension.options import DEFAULTS  # noqa: E402
+from extension.options import BY_NAME, DEFAULTS  # noqa: E402
 
 DOMAINS = {
     "zh": "Chinese fortunes (fortunes-zh)",
@@ -104,14 +104,21 @@ def run_product(spec, cache: Path, log) -> tuple[dict | None, dict, float]:
             shown["at"] = time.perf_counter()
             log(f"  {done}/{total} {metrics.get('unit', 'steps')}")
 
+    seen: dict = {}
+
+    def event(kind: str, payload: dict) -> None:
+        log(f"  event {kind}")
+        if kind == "selection":  # sent even when the job then fails: what each round scored
+            seen["selection"] = {k: payload.get(k) for k in ("rounds", "removed", "kept") if k in payload}
+
     callbacks = Callbacks(on_stage=lambda name: log(f"  stage {name}"), on_progress=progress,
-                          on_event=lambda kind, payload: log(f"  event {kind}"), on_warning=lambda m: log(f"  warning {m[:160]}"))
+                          on_event=event, on_warning=lambda m: log(f"  warning {m[:160]}"))
     torch.manual_seed(0)
     started = time.perf_counter()
     try:
         result = run(spec, callbacks=callbacks, sources=ModelSources(cache_dir=cache))
     except InvalidCorpusError as exc:
-        return None, {"error": str(exc)}, time.perf_counter() - started
+        return None, {"error": str(exc), **seen}, time.perf_counter() - started
     return ({"metrics": result.metrics, "extension": result.extension, "stage_seconds": result.seconds}, {},
             time.perf_counter() - started)
 
@@ -125,7 +132,8 @@ def run_trainable_tokens(spec, test_docs: list[str], train_docs: list[str], eval
     torch.manual_seed(0)
     model, tokenizer = quality.load_base()
     started = time.perf_counter()
-    mined = mine_terms(tokenizer, spec.corpus_path, max_new_tokens=spec.max_new_tokens, min_frequency=spec.min_frequency)
+    mined = mine_terms(tokenizer, spec.corpus_path, max_new_tokens=spec.max_new_tokens, min_frequency=spec.min_frequency,
+                       mining_unit=spec.mining_unit)
     extended = mined.extended
     new_ids = [t.id for t in extended.new_tokens]
     config = TrainConfig.from_spec(spec)
@@ -171,7 +179,8 @@ def _result(args, command: str, data: dict, base: dict | None, rows: list[dict],
         offered = next((r["metrics"]["domain"]["tokens_per_byte"] for r in rows if r["system"] == "ours_keep_all" and r["published"]), None)
     return {"domain": args.domain, "command": command, "eval_bytes": args.eval_bytes, "steps": args.steps,
             "defaults": {k: DEFAULTS[k] for k in ("max_new_tokens", "min_frequency", "steps", "batch_size", "seq_len", "lr",
-                                                   "embedding_lr_multiplier", "selection")},
+                                                   "embedding_lr_multiplier", "selection", "mining_unit")},
+            "mining_unit": args.mining_unit,
             "data": data, "base": base, "offered_tokens_per_byte": offered, "rows": rows,
             "seconds": round(time.time() - started)}
 
@@ -207,6 +216,8 @@ def main() -> None:
     parser.add_argument("--eval-bytes", type=int, default=20_000,
                         help="test-split bytes scored, and general-English bytes (product default 50000)")
     parser.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="for smoke runs only: the measured runs use the default")
+    parser.add_argument("--mining-unit", choices=BY_NAME["mining_unit"].choices, default=DEFAULTS["mining_unit"],
+                        help="for comparing the mining units before choosing the default (default: the product's)")
     parser.add_argument("--max-docs", type=int, default=0, help="for smoke runs only: the first N documents (0: all)")
     parser.add_argument("--out", type=Path, help="default benchmarks/results/quality_<domain>.md")
     parser.add_argument("--report", type=Path, metavar="JSON", help="only rewrite the .md next to an earlier run's .json")
@@ -247,7 +258,8 @@ def main() -> None:
         corpus = work / f"{args.domain}.jsonl"
         corpus.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
         spec = ExtendSpec(base_model="smollm2-135m", out_dir=str(work / "ours"), corpus_path=corpus,
-                          corpus_name=args.domain, eval_max_bytes=args.eval_bytes, steps=args.steps)
+                          corpus_name=args.domain, eval_max_bytes=args.eval_bytes, steps=args.steps,
+                          mining_unit=args.mining_unit)
         for name in ("ours", "ours_keep_all"):
             if name not in systems:
                 continue
@@ -314,7 +326,8 @@ def report(result: dict) -> str:
         f"({result['data']['bytes']['train']:,} / {result['data']['bytes']['validation']:,} / "
         f"{result['data']['bytes']['test']:,} bytes), split by the product's hash (extension.corpus.split_of). "
         f"Model: SmolLM2-135M-Instruct, fp32, CPU. Product defaults: up to {d['max_new_tokens']} mined tokens "
-        f"(min frequency {d['min_frequency']}), {result['steps']} steps x batch {d['batch_size']} x seq {d['seq_len']}, "
+        f"(min frequency {d['min_frequency']}, mining unit {result.get('mining_unit', d.get('mining_unit', 'pairs'))!r}"
+        f"{'' if result.get('mining_unit', d.get('mining_unit')) == d.get('mining_unit') else ', NOT the default'}), {result['steps']} steps x batch {d['batch_size']} x seq {d['seq_len']}, "
         f"lr {d['lr']} x {d['embedding_lr_multiplier']} for the rows, selection {d['selection']!r}; "
         f"trainable_tokens: the same budget on every offered token. Scored: the first {result['eval_bytes']:,} bytes "
         f"of the test split and {result['eval_bytes']:,} bytes of general English (the product's default is 50,000). "
