@@ -465,7 +465,7 @@ def report(cfg, payload: dict, plotted: bool, rebuilt_by: str | None = None) -> 
     results = payload["systems"]
     summary = summarise(cfg, before, results)
     drift = {system: result["drift"] for system, result in results.items()}
-    LABELS.update({system: result["label"] for system, result in results.items() if result.get("label")})
+    labels = {system: result.get("label") or LABELS[system] for system, result in results.items()}
     counts, carried = tide.get("counts") or {}, tide.get("trainer_checkpoint") or {}
     machine = payload.get("machine", {})
     lines = [
@@ -520,7 +520,7 @@ def report(cfg, payload: dict, plotted: bool, rebuilt_by: str | None = None) -> 
     control = summary["no_extension"]["at_n"] if "no_extension" in summary else None
     for system, s in summary.items():
         lines.append(
-            f"| {LABELS[system]} | {s['at_k_after_extension']:.4f} | {s['worst']:.4f} (step {s['worst_step']}) "
+            f"| {labels[system]} | {s['at_k_after_extension']:.4f} | {s['worst']:.4f} (step {s['worst_step']}) "
             f"| {pct(s['worst_vs_before_pct'])} | {fmt(s['steps_back_to_before'], 'd', 'not by N')} "
             f"| {s['at_n']:.4f} | {pct(s['at_n_vs_before_pct'])} "
             f"| {pct(100 * (s['at_n'] / control - 1)) if control else '—'} | {fmt(s['steps_to_reach_b_at_n'], 'd', 'not by N')} "
@@ -540,7 +540,7 @@ def report(cfg, payload: dict, plotted: bool, rebuilt_by: str | None = None) -> 
     for system, d in drift.items():
         vs_d = "—" if system == "no_extension" else f"{d['old_rows_vs_control']:.5f}"
         body_d = "—" if system == "no_extension" else f"{d['body_vs_control']:.5f}"
-        lines.append(f"| {LABELS[system]} | {d['old_rows_vs_k']:.5f} | {d['old_rows_max_abs_vs_k']:.5f} | {vs_d} "
+        lines.append(f"| {labels[system]} | {d['old_rows_vs_k']:.5f} | {d['old_rows_max_abs_vs_k']:.5f} | {vs_d} "
                      f"| {d['body_vs_k']:.5f} | {body_d} | {results[system]['train_seconds']} |")
 
     tide_s = summary.get("tide")
@@ -564,7 +564,7 @@ def report(cfg, payload: dict, plotted: bool, rebuilt_by: str | None = None) -> 
     if plotted:
         lines += [f"![bits per byte over steps]({cfg.out.with_suffix('.png').name})", ""]
     systems = list(results)
-    header = "| step | shared run | " + " | ".join(f"({LABELS[s][1:LABELS[s].index(')')]})" for s in systems) + " |"
+    header = "| step | shared run | " + " | ".join(f"({labels[s][1:labels[s].index(')')]})" for s in systems) + " |"
     lines += [header, "| ---: | ---: | " + " | ".join("---:" for _ in systems) + " |"]
     by_step: dict[int, dict[str, float]] = {}
     for p in base["series"]:
@@ -659,7 +659,7 @@ def main() -> None:
         print("tide extend (a)", flush=True)
         tide = tide_extend(cfg, checkpoint, corpus, work / "tide", cfg.tide_steps, work / "tide.log")
         print(f"  {tide['seconds']} s", flush=True)
-        refused = None
+        refused, labels = None, dict(LABELS)
         if "refused" in tide:
             # At its defaults TIDE would leave the run unextended: measure what every term costs.
             refused = tide
@@ -667,7 +667,7 @@ def main() -> None:
             tide = tide_extend(cfg, checkpoint, corpus, work / "tide", cfg.tide_steps, work / "tide-keep-all.log",
                                ("--keep-all-terms",))
             print(f"  {tide['seconds']} s", flush=True)
-            LABELS["tide"] = "(a) TIDE (`tide extend --keep-all-terms` on the checkpoint, resumed)"
+            labels["tide"] = "(a) TIDE (`tide extend --keep-all-terms` on the checkpoint, resumed)"
         print("untrained rows from (a)'s folder (c)", flush=True)
         subword = untrained_rows_checkpoint(checkpoint, work / "tide", work / "subword_mean")
         folders = {"tide": work / "tide", "subword_mean_kept": work / "subword_mean", "no_extension": checkpoint}
@@ -713,7 +713,7 @@ def main() -> None:
                      "metrics_comparison": tide["metrics"].get("comparison"),
                      "terms": [t["term"] for t in tide["extension"].get("terms", [])]},
             "subword_mean": subword,
-            "systems": {s: {**results[s], "summary": summary[s], "drift": drift[s], "label": LABELS[s]} for s in results},
+            "systems": {s: {**results[s], "summary": summary[s], "drift": drift[s], "label": labels[s]} for s in results},
             "total_seconds": round(time.perf_counter() - started, 1),
         }
         cfg.out.parent.mkdir(parents=True, exist_ok=True)
