@@ -25,7 +25,7 @@ def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str
         f"(term forms and intermediate merges), padded to {vocab['vocab_size']:,} rows "
         f"({'tied' if vocab['tied'] else 'untied'} input/output embeddings).",
         "",
-        "Each new row started as the mean of the base rows of the term's original pieces"
+        _init_sentence(extension.get("init") or {})
         + (f", then only the new rows were trained for {extension['trained_steps']} steps (every base weight is "
            "unchanged)." if extension.get("trained_steps") else "; no training (init only)."),
         "Padding rows are set to the mean output row and listed in `generation_config.json` "
@@ -87,3 +87,10 @@ def _selection_lines(selection: dict) -> list[str]:
         lines += [f"| `{entry['term']!r}` | {entry['occurrences']} | {entry['net_bits']:+.1f} | {entry['reason']} |" for entry in removed]
         lines.append("")
     return lines
+
+
+def _init_sentence(init: dict) -> str:
+    if init.get("method") == "composition":
+        return ("Each new row started as its original pieces' base rows composed the way the base vocabulary composes "
+                "its own merges (a regression fitted on them)")
+    return "Each new row started as the mean of the base rows of the term's original pieces"

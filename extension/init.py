@@ -1,9 +1,14 @@
 """Initial values of the new embedding rows, and writing rows into a resized model.
 
-Each new row starts as the mean of the base rows of the token's ORIGINAL pieces: input rows from
-the input matrix, and for untied models output rows (and bias) from the lm_head, separately.
-Models that scale embeddings inside their forward (Gemma multiplies by sqrt(hidden)) store
-unscaled rows, so the mean of stored rows is also the mean of the scaled inputs.
+Two ways to start a new row from the base rows of the token's ORIGINAL pieces (option `init`):
+  composition   (the default) composed from its pieces the way the base vocabulary composes its
+                own merges (extension/composition.py): a regression fitted on the base merges
+  subword_mean  the mean of the pieces' rows
+Input rows come from the input matrix and, for untied models, output rows from the lm_head,
+separately (the head's bias, when it has one, is always the mean). Models that scale embeddings
+inside their forward (Gemma multiplies by sqrt(hidden)) store unscaled rows, so both work on
+stored rows and the scaled inputs follow. Tokenizers without merges (WordPiece, Unigram) have
+nothing to learn a composition from: their rows are subword means, and the report says why.
 
 The vocabulary is padded to a multiple of 64 by default. Padding rows are never produced by the
 tokenizer, but runtimes sample from every row: each padding row is set to the mean real output
@@ -62,6 +67,64 @@ def subword_mean_rows(model, new_tokens: Sequence, base_vocab_size: int) -> NewR
         if getattr(head, "bias", None) is not None:
             rows.output_bias = means(head.bias)
     return rows
+
+
+INIT_METHODS = ("composition", "subword_mean")
+
+
+def init_method(asked: str, steps: int) -> str:
+    """The method option `init` names: 'auto' is composition for trained rows, else the mean."""
+    if asked == "auto":
+        return "composition" if steps > 0 else "subword_mean"
+    return asked
+
+
+class RowInitializer:
+    """Initial rows for any extension of one base model: fitted once per job (the composition
+    takes a few CPU-seconds), then called for the job's tokenizer and for every tokenizer term
+    selection rebuilds."""
+
+    def __init__(self, model, base_tokenizer, method: str = "composition"):
+        from .composition import base_merge_ids, fit_composition
+
+        if method not in INIT_METHODS:
+            raise ValueError(f"init method {method!r} is not one of {', '.join(INIT_METHODS)}")
+        self.method, self.fallback_reason = method, None
+        self.base_vocab: dict[str, int] = base_tokenizer.backend_tokenizer.get_vocab(with_added_tokens=False)
+        self.fits: dict[str, object] = {}
+        if method != "composition":
+            return
+        merges = base_merge_ids(base_tokenizer)
+        matrices = {"input": model.get_input_embeddings().weight}
+        if not is_tied(model):
+            matrices["output"] = model.get_output_embeddings().weight
+        for side, matrix in matrices.items():
+            fit, why_not = fit_composition(matrix, merges)
+            if fit is None:
+                self.method, self.fits = "subword_mean", {}
+                self.fallback_reason = f"{why_not}; the new rows start at the subword mean"
+                return
+            self.fits[side] = fit
+
+    def __call__(self, model, extended) -> NewRows:
+        rows = subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
+        if self.method == "composition":
+            from .composition import composed_rows
+
+            matrices = {"input": model.get_input_embeddings().weight, "output": model.get_output_embeddings().weight}
+            for side, fit in self.fits.items():
+                composed = composed_rows(matrices[side], fit, extended.new_tokens, extended.merges, self.base_vocab)
+                setattr(rows, side, composed)
+        return rows
+
+    def report(self) -> dict:
+        """What tide_extension.json records as "init"."""
+        report: dict = {"method": self.method}
+        if self.fallback_reason:
+            report["asked"], report["fallback_reason"] = "composition", self.fallback_reason
+        for side, fit in self.fits.items():
+            report[side] = fit.report()
+        return report
 
 
 def _piece_index(new_tokens: Sequence, base_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,7 +6,7 @@
     trainer.train()   # at step 500: new tokens, rows trained briefly, optimizer grown; training goes on
 
 At the chosen step (after that step's optimizer update) the callback runs the same stages as
-`tide extend` (pipeline.new_vocabulary: extend or mine, subword-mean init, train only the new rows,
+`tide extend` (pipeline.new_vocabulary: extend or mine, initialise the rows, train only the new rows,
 here on the live model itself), writes the rows into the resized model, and grows the live
 optimizer's state in place with optimizer_state.grow_live_optimizer: every old row's moments and
 every other parameter's state untouched, the new rows' moments from TIDE's own training. The

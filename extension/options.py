@@ -99,6 +99,13 @@ OPTIONS: tuple[Option, ...] = (
     # tokenizer and rows
     Option("max_term_chars", int, 64, "longest accepted term, in characters (on the service: the TIDE_MAX_TERM_CHARS setting)", 1, 1024, api_group=None),
     Option("pad_to_multiple_of", int, 64, "pad the vocabulary up to a multiple of this (1: no padding)", 1, 4096, api_group="root"),
+    # initial rows (extension/init.py, extension/composition.py); measured in benchmarks/init_methods.py
+    Option("init", str, "auto",
+           "how a new row starts from its original pieces' rows: 'composition' composes them the way the base "
+           "vocabulary's own merges compose (a regression fitted on them; tokenizers without merges fall back to the "
+           "mean), 'subword_mean' takes their mean; 'auto': composition when the rows are trained (steps > 0: it starts "
+           "training closer to where it ends), the mean for an init-only job (untrained, composed rows take more "
+           "probability where they are not the answer)", choices=("auto", "composition", "subword_mean")),
     # training of the new rows
     Option("steps", int, 100, "optimizer steps over the new rows (0: initialise them only)", 0, 1_000_000),
     Option("batch_size", int, 4, "sequences per training step", 1, 1024),

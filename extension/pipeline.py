@@ -171,7 +171,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         "base_model": {"name": spec.base_model, "source": resolved.kind},
         # corpus_path is where the file lay on the machine that ran the job: corpus_name says which corpus it was
         "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force", "corpus_path"}},
-        "init": "subword_mean",
+        "init": vocabulary.init,
         "trained_steps": steps_done,
         "published_step": vocabulary.selection.get("best_step", steps_done),
         "vocab": {k: init_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
@@ -208,11 +208,12 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
 @dataclass
 class NewVocabulary:
     extended: Any  # tokenizer.ExtendedTokenizer
-    rows: Any  # init.NewRows: trained when `trained` is set, else the subword means
+    rows: Any  # init.NewRows: trained when `trained` is set, else the initial rows
     trained: Any = None  # train.TrainResult (history, steps done, the rows' AdamW state)
     mined: Any = None  # mining.MiningResult for corpus jobs without terms
     selection: dict = field(default_factory=dict)  # what validation decided (tide_extension.json "selection")
     optimizer_state: Any = None  # the published rows' AdamW state (trained.optimizer_state, kept rows only)
+    init: dict = field(default_factory=dict)  # how the rows started (init.RowInitializer.report)
 
 
 def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, stages: "_Stages | None" = None,
@@ -221,7 +222,7 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
     what to publish on the validation text (the best step; for corpus jobs, the terms that pay).
     Shared by `run` and by extending a live Trainer run (extension.live). The rows are trained on
     `model` itself, where it is (never a copy of it)."""
-    from .init import subword_mean_rows
+    from .init import RowInitializer, init_method
     from .train import build_training_data
 
     stages = stages or _Stages(callbacks)
@@ -243,7 +244,10 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
     callbacks.on_event("extension", {"counts": report["counts"], "skipped": report["skipped"][:100]})
 
     stages.enter("init")
-    rows = subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
+    initial_rows = RowInitializer(model, tokenizer, init_method(spec.init, spec.steps))
+    if initial_rows.fallback_reason:
+        callbacks.on_warning(f"init: {initial_rows.fallback_reason}")
+    rows = initial_rows(model, extended)
 
     trained = None
     if spec.steps > 0 and spec.corpus_path is None:
@@ -261,9 +265,9 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
         rows = trained.rows
         selection.update(_step_report(trained, validation))
     vocabulary = NewVocabulary(extended=extended, rows=rows, trained=trained, mined=mined, selection=selection,
-                               optimizer_state=trained.optimizer_state if trained else None)
+                               optimizer_state=trained.optimizer_state if trained else None, init=initial_rows.report())
     if validation is not None:
-        _choose_terms(spec, model, tokenizer, vocabulary, validation, callbacks)
+        _choose_terms(spec, model, tokenizer, vocabulary, validation, callbacks, initial_rows)
     callbacks.on_event("selection", {k: v for k, v in selection.items() if k not in ("effects", "validation_curve")})
     return vocabulary
 
@@ -306,7 +310,8 @@ def _step_report(trained, validation) -> dict:
             "seconds": trained.seconds, "validation_share": share}
 
 
-def _choose_terms(spec: ExtendSpec, model, tokenizer, vocabulary: NewVocabulary, validation, callbacks: Callbacks) -> None:
+def _choose_terms(spec: ExtendSpec, model, tokenizer, vocabulary: NewVocabulary, validation, callbacks: Callbacks,
+                  initial_rows) -> None:
     """Corpus jobs: drop the terms that do not pay (selection.terms). Terms-only jobs keep the
     user's terms and report each one's measured effect on its held-out contexts."""
     from .selection.plan import MAX_SELECTION_ROUNDS
@@ -322,7 +327,8 @@ def _choose_terms(spec: ExtendSpec, model, tokenizer, vocabulary: NewVocabulary,
                else terms_rebuilder(tokenizer, max_term_chars=spec.max_term_chars))
     started = time.perf_counter()
     chosen = select_terms(model, extended, vocabulary.rows, validation, units=units, rebuild=rebuild,
-                          pad_to_multiple_of=spec.pad_to_multiple_of, should_cancel=callbacks.should_cancel)
+                          pad_to_multiple_of=spec.pad_to_multiple_of, should_cancel=callbacks.should_cancel,
+                          initial_rows=initial_rows)
     vocabulary.selection.update(chosen.to_json(), terms_seconds=round(time.perf_counter() - started, 3))
     if chosen.extended is None:
         last = chosen.rounds[-1]

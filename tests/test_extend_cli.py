@@ -16,9 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from app.cli import main
 from extension.evaluate import read_fortune_file
-from extension.init import is_tied
+from extension.init import RowInitializer, is_tied
 from extension.publish import sha256_file
-from extension.tokenizer import read_terms_file
+from extension.tokenizer import extend_tokenizer, read_terms_file
 
 REPO = Path(__file__).resolve().parent.parent
 TERMS = REPO / "examples" / "terms.txt"
@@ -31,7 +31,7 @@ PADDING_PROBABILITY_PROMISED = 1e-4
 @pytest.fixture(scope="module")
 def extended_dir(cli_env, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("out") / "smollm2-computing"
-    code = main(["extend", "--base-model", "smollm2-135m", "--terms", str(TERMS), "--steps", "0",
+    code = main(["extend", "--base-model", "smollm2-135m", "--terms", str(TERMS), "--steps", "0", "--init", "composition",
                  "--eval-bytes", "4000", "--out", str(out)])
     assert code == 0
     return out
@@ -76,14 +76,20 @@ def test_every_term_is_one_token_in_both_forms_after_reload(extended_dir, smollm
     assert tokenizer.special_tokens_map == smollm2_tokenizer.special_tokens_map
 
 
-def test_rows_old_identical_new_subword_means_tied_padded(extended_dir, base_model, extended_model):
+def test_rows_old_identical_new_composed_tied_padded(extended_dir, base_model, extended_model, smollm2_tokenizer):
     extension = json.loads((extended_dir / "tide_extension.json").read_text())
     base_rows = base_model.get_input_embeddings().weight
     rows = extended_model.get_input_embeddings().weight
     base_vocab = extension["vocab"]["base_vocab_size"]
     assert torch.equal(rows[:base_vocab], base_rows)
+    # the default init: composed the way SmolLM2's own merges compose, not the subword mean
+    assert extension["init"]["method"] == "composition"
+    assert extension["init"]["input"]["held_out_cosine"] > extension["init"]["input"]["subword_mean_cosine"]
+    composed = RowInitializer(base_model, smollm2_tokenizer)(base_model, extend_tokenizer(smollm2_tokenizer, read_terms_file(TERMS)))
+    ids = [token["id"] for token in extension["new_tokens"]]
+    assert torch.allclose(rows[ids], composed.input, atol=1e-6)
     for token in extension["new_tokens"]:
-        assert torch.equal(rows[token["id"]], base_rows[token["base_ids"]].mean(0)), token
+        assert not torch.allclose(rows[token["id"]], base_rows[token["base_ids"]].mean(0)), token
     assert is_tied(extended_model)
     vocab = extended_model.config.vocab_size
     assert vocab % 64 == 0 and vocab == rows.shape[0] == extension["vocab"]["vocab_size"]
@@ -201,3 +207,17 @@ def test_bad_terms_file_is_refused_with_its_problem(cli_env, tmp_path, capsys):
     assert main(["extend", "--base-model", "smollm2-135m", "--out", str(tmp_path / "o")]) == 2
     assert "--terms" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_an_init_only_job_starts_rows_at_the_subword_mean_by_default(cli_env, tmp_path, base_model):
+    """--init auto (the default) composes rows that will be trained; an init-only job gets the mean."""
+    out = tmp_path / "mean"
+    assert main(["extend", "--base-model", "smollm2-135m", "--terms", str(TERMS), "--steps", "0",
+                 "--eval-bytes", "2000", "--out", str(out)]) == 0
+    extension = json.loads((out / "tide_extension.json").read_text())
+    assert extension["init"] == {"method": "subword_mean"}
+    rows = AutoModelForCausalLM.from_pretrained(out).get_input_embeddings().weight
+    base_rows = base_model.get_input_embeddings().weight
+    for token in extension["new_tokens"]:
+        assert torch.equal(rows[token["id"]], base_rows[token["base_ids"]].mean(0)), token
+    assert "mean of the base rows" in (out / "README.md").read_text()

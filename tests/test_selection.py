@@ -202,8 +202,19 @@ def _extend(out: Path, *args: str) -> dict:
     return json.loads((out / "tide_extension.json").read_text())
 
 
-def _init_rows(model, tokens: list[dict]) -> torch.Tensor:
-    return torch.stack([model.get_input_embeddings().weight[t["base_ids"]].mean(0) for t in tokens])
+def _init_rows(model, extension: dict) -> torch.Tensor:
+    """The rows the job started from, remade from what tide_extension.json records (its init method, tokens, merges)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    from extension.init import RowInitializer
+    from extension.tokenizer import NewToken
+
+    extended = SimpleNamespace(new_tokens=[NewToken(**t) for t in extension["new_tokens"]], merges=[tuple(m) for m in extension["merges"]],
+                               base_vocab_size=extension["base_vocab_size"])
+    tokenizer = AutoTokenizer.from_pretrained(model.name_or_path)
+    return RowInitializer(model, tokenizer, extension["init"]["method"])(model, extended).input
 
 
 def test_training_that_hurts_publishes_the_init_and_reports_it(cli_env, tmp_path, smollm2):
@@ -226,7 +237,8 @@ def test_training_that_hurts_publishes_the_init_and_reports_it(cli_env, tmp_path
     published = AutoModelForCausalLM.from_pretrained(tmp_path / "chosen")
     tokens = extension["new_tokens"]
     got = published.get_input_embeddings().weight[[t["id"] for t in tokens]]
-    assert torch.allclose(got, _init_rows(smollm2, tokens), atol=1e-6)
+    assert extension["init"]["method"] == "composition"
+    assert torch.allclose(got, _init_rows(smollm2, extension), atol=1e-6)
     assert "chose the rows of step 0" in (tmp_path / "chosen" / "README.md").read_text()
 
 
@@ -242,7 +254,7 @@ def test_keep_all_terms_publishes_the_last_step_with_every_term_and_reports_on_t
     published = AutoModelForCausalLM.from_pretrained(tmp_path / "all")
     tokens = extension["new_tokens"]
     got = published.get_input_embeddings().weight[[t["id"] for t in tokens]]
-    assert not torch.allclose(got, _init_rows(smollm2, tokens), atol=1e-2)  # the (wrecked) trained rows, as asked
+    assert not torch.allclose(got, _init_rows(smollm2, extension), atol=1e-2)  # the (wrecked) trained rows, as asked
     # the job's numbers are on the test split, never the validation split decisions are made on
 
     def scored(split):

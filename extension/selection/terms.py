@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from ..init import NewRows, subword_mean_rows
+from ..init import NewRows, RowInitializer
 from ..rows import attach
 from .attribution import TokenEffect, token_effects
 from .plan import MAX_SELECTION_ROUNDS
@@ -60,7 +60,8 @@ class Selection:
 
 def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, units: list[Unit],
                  rebuild: Callable[[list[Unit]], object], pad_to_multiple_of: int,
-                 max_rounds: int = MAX_SELECTION_ROUNDS, should_cancel: Callable[[], bool] | None = None) -> Selection:
+                 max_rounds: int = MAX_SELECTION_ROUNDS, should_cancel: Callable[[], bool] | None = None,
+                 initial_rows: RowInitializer | None = None) -> Selection:
     current, current_rows = extended, rows
     kept_units = list(units)
     kept_index = list(range(len(extended.new_tokens)))
@@ -112,7 +113,7 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
             names = {unit.name for unit in stayed}
             removed = [entry for entry in removed if not (entry["round"] == number and entry["term"] in names)]
             kept_units += stayed
-        current_rows, index = carry_rows(model, current, current_rows, rebuilt)
+        current_rows, index = carry_rows(model, current, current_rows, rebuilt, initial_rows)
         kept_index = [kept_index[i] if i >= 0 else -1 for i in index]
         current = rebuilt
     return Selection(None, None, [], removed, rounds, {})
@@ -221,13 +222,13 @@ def _effects_json(effects: dict[str, _UnitEffect]) -> dict[str, dict]:
     return {name: effect.to_json() for name, effect in effects.items()}
 
 
-def carry_rows(model, old, old_rows: NewRows, new) -> tuple[NewRows, list[int]]:
+def carry_rows(model, old, old_rows: NewRows, new, initial_rows: RowInitializer | None = None) -> tuple[NewRows, list[int]]:
     """Rows for `new`'s tokens: the trained rows of the same vocabulary string in `old`, else
-    (a token the rebuild made anew) the subword mean. Returns the rows and, per new token, its
-    position in `old` (-1: fresh)."""
+    (a token the rebuild made anew) its initial row (`initial_rows`: the job's initializer; by
+    default the subword mean). Returns the rows and, per new token, its position in `old` (-1: fresh)."""
     position = {token.token: k for k, token in enumerate(old.new_tokens)}
     index = [position.get(token.token, -1) for token in new.new_tokens]
-    fresh = subword_mean_rows(model, new.new_tokens, new.base_vocab_size)
+    fresh = (initial_rows or _subword_means)(model, new)
 
     def take(old_tensor, fresh_tensor):
         if old_tensor is None:
@@ -241,6 +242,12 @@ def carry_rows(model, old, old_rows: NewRows, new) -> tuple[NewRows, list[int]]:
 
     return NewRows(input=take(old_rows.input, fresh.input), output=take(old_rows.output, fresh.output),
                    output_bias=take(old_rows.output_bias, fresh.output_bias)), index
+
+
+def _subword_means(model, extended) -> NewRows:
+    from ..init import subword_mean_rows
+
+    return subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
 
 
 def keep_optimizer_rows(state: dict | None, kept_index: list[int], num_old: int) -> dict | None:
