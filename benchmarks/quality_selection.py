@@ -9,6 +9,8 @@ PEFT Trainable Tokens trained on every token mining offered, at the same budget,
 Domains (read from Debian packages at run time, never copied into the repository):
   zh      Chinese fortunes, fortunes-zh (chinese, song100, tang300; ANSI colour codes cut out)
   cmake   English technical text: CMake's reference manual, cmake-data (/usr/share/cmake-*/Help, one .rst a doc)
+  perl    English technical text: Perl's manual, perl-doc (/usr/share/perl/*/pod, one .pod a doc); added
+          after the init and learning-rate defaults were chosen, and never looked at before its run
   es      Spanish sayings, fortunes-es (where today's defaults were chosen)
   foldoc  English computing dictionary, dict-foldoc (where today's defaults were chosen)
 One fortune / entry / file is one document. Every system is evaluated on the product's own test
@@ -55,6 +57,7 @@ from extension.options import BY_NAME, DEFAULTS  # noqa: E402
 DOMAINS = {
     "zh": "Chinese fortunes (fortunes-zh)",
     "cmake": "English technical text: the CMake reference manual (cmake-data)",
+    "perl": "English technical text: the Perl manual (perl-doc)",
     "es": "Spanish sayings (fortunes-es)",
     "foldoc": "English computing dictionary (dict-foldoc)",
 }
@@ -84,8 +87,16 @@ def cmake_documents() -> list[str]:
     return [d for d in docs if d]
 
 
+def perl_documents() -> list[str]:
+    pods = sorted(Path("/usr/share/perl").glob("*/pod"))
+    if not pods:
+        raise SystemExit("Perl's manual is missing: apt-get install perl-doc (scripts/setup.sh does)")
+    docs = [p.read_text(encoding="utf-8", errors="replace").strip() for p in sorted(pods[-1].glob("*.pod"))]
+    return [d for d in docs if d]
+
+
 def documents(domain: str) -> list[str]:
-    return {"zh": chinese_documents, "cmake": cmake_documents, "es": quality.spanish_documents,
+    return {"zh": chinese_documents, "cmake": cmake_documents, "perl": perl_documents, "es": quality.spanish_documents,
             "foldoc": quality.foldoc_documents}[domain]()
 
 

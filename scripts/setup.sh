@@ -27,6 +27,8 @@ need=()
 [ -e /usr/share/games/fortunes/fortunes ] || need+=(fortunes)
 # CMake's reference manual (.rst), the English technical domain of benchmarks/quality_selection.py.
 compgen -G "/usr/share/cmake-*/Help" >/dev/null || need+=(cmake-data)
+# Perl's manual (.pod), a second English technical domain of benchmarks/quality_selection.py.
+compgen -G "/usr/share/perl/*/pod/perlfunc.pod" >/dev/null || need+=(perl-doc)
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 # Headless Chromium + its WebDriver for the browser tests of the pages (tests/service/test_pages_browser.py).
