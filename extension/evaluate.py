@@ -118,8 +118,10 @@ def _cut(text: str, start: int, limit: int) -> int:
     return end
 
 
-def chunk_documents(documents: Iterable[str], chunk_bytes: int, max_bytes: int | None) -> list[list[str]]:
-    """The first `max_bytes` bytes of `documents`, each document cut into chunks by bytes.
+def chunk_documents(documents: Iterable[str], chunk_bytes: int, max_bytes: int | None,
+                    document_bytes: int | None = None) -> list[list[str]]:
+    """The first `max_bytes` bytes of `documents` (each document's first `document_bytes` only,
+    when given), each document cut into chunks by bytes.
 
     Returns one list of chunks per document used (the last one possibly truncated).
     """
@@ -132,6 +134,8 @@ def chunk_documents(documents: Iterable[str], chunk_bytes: int, max_bytes: int |
             break
         if not document:
             continue
+        if document_bytes is not None and len(document.encode("utf-8")) > document_bytes:
+            document = document[: _cut(document, 0, document_bytes)]
         size = len(document.encode("utf-8"))
         if size > budget:  # the last document used: cut it, then stop
             document = document[: _cut(document, 0, int(budget))]

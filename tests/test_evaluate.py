@@ -75,6 +75,14 @@ def test_max_bytes_keeps_the_first_bytes_in_document_order():
     assert chunk_documents([], chunk_bytes=64, max_bytes=10) == []
 
 
+def test_document_bytes_keeps_each_documents_first_bytes_only():
+    documents = ["alpha beta gamma delta", "eta", "theta iota kappa"]
+    result = chunk_documents(documents, chunk_bytes=1024, max_bytes=None, document_bytes=11)
+    assert result == [["alpha beta"], ["eta"], ["theta iota"]]
+    # the cap is per document: the total budget still stops at max_bytes
+    assert chunk_documents(documents, chunk_bytes=1024, max_bytes=13, document_bytes=11) == [["alpha beta"], ["eta"]]
+
+
 # ---------------------------------------------------------------------------------------------
 # A bigram world where two tokenizations of one text get exactly the same probability
 

@@ -22,7 +22,7 @@ from extension.selection.scoring import ChunkScore, TextScore
 from extension.selection.terms import (
     Unit, built_on_units, carry_rows, measure_terms, merges_rebuilder, term_units, terms_rebuilder, token_units,
 )
-from extension.selection.validation import chunks_within
+from extension.selection.validation import chunks_within, document_cap
 from extension.tokenizer import extend_tokenizer
 
 SPANISH = sorted(Path("/usr/share/games/fortunes/es").glob("*.fortunes"))
@@ -89,6 +89,19 @@ def test_step_scoring_reads_whole_chunks_within_its_tokens():
 
 
 # --- the moments follow the published rows -------------------------------------------------------
+
+
+def test_no_validation_document_gives_more_than_its_share(smollm2, smollm2_tokenizer):
+    # One long document would otherwise be the whole decision text (the Perl manual's were 16 KB).
+    long = "The quick brown fox jumps over the lazy dog. " * 400
+    short = [f"Short note number {k} about nothing much." for k in range(6)]
+    validation = build_validation(smollm2, smollm2_tokenizer, [long, *short], source="test", max_bytes=8_000, min_bytes=0)
+    cap = document_cap(8_000)
+    assert cap == 1024  # an eighth of 8,000 bytes is below one chunk, so one chunk
+    first, *rest = validation.chunks
+    assert long.startswith(first) and len(first.encode("utf-8")) <= cap
+    assert rest == short
+    assert document_cap(32_000) == 4_000
 
 
 def test_optimizer_moments_follow_the_kept_rows():
