@@ -20,7 +20,7 @@ from extension.selection import ValidationPlan, build_validation, keep_optimizer
 from extension.selection.plan import MIN_EVAL_TOKENS, STEP_COST_IN_SCORED_TOKENS, VALIDATION_SHARE
 from extension.selection.scoring import ChunkScore, TextScore
 from extension.selection.terms import (
-    Unit, built_on_units, carry_rows, measure_terms, merges_rebuilder, term_units, terms_rebuilder, token_units,
+    Unit, _UnitEffect, built_on_units, carry_rows, choose_removals, measure_terms, merges_rebuilder, term_units, terms_rebuilder, token_units,
 )
 from extension.selection.validation import chunks_within, document_cap
 from extension.tokenizer import extend_tokenizer
@@ -303,3 +303,33 @@ def test_units_built_on_a_harmful_intermediate_are_found(smollm2_tokenizer):
     assert intermediate.tokens[0] in {t.token for t in rebuild([built]).new_tokens}  # the rebuild keeps it
     assert built_on_units([intermediate], units, rebuild) == {built: intermediate.name}
     assert built_on_units([unrelated], units, rebuild) == {}
+
+
+def test_a_harmful_intermediate_goes_with_what_is_built_on_it_only_when_together_they_cost(smollm2_tokenizer):
+    pieces = smollm2_tokenizer.convert_ids_to_tokens(smollm2_tokenizer(" zqrxvw", add_special_tokens=False)["input_ids"])
+    first = (pieces[0], pieces[1])
+    merges = [first, (first[0] + first[1], pieces[2]), (pieces[0], pieces[2])]
+    rebuild = merges_rebuilder(smollm2_tokenizer, merges)
+    units = token_units(rebuild([Unit(a + b, (a + b,)) for a, b in merges]))
+    by_token = {unit.tokens[0]: unit for unit in units}
+    intermediate, built, unrelated = (by_token[a + b] for a, b in merges)
+
+    def effects(built_bits: float, unrelated_bits: float = -1.0, unrelated_uses: int = 2) -> dict:
+        return {intermediate.name: _UnitEffect(occurrences=3, net_bits=10.0, leak_bits=0.0),
+                built.name: _UnitEffect(occurrences=5, net_bits=built_bits, leak_bits=0.0),
+                unrelated.name: _UnitEffect(occurrences=unrelated_uses, net_bits=unrelated_bits, leak_bits=unrelated_bits)}
+
+    # the word built on the harmful piece saves 50 bits, more than the piece costs: both stay, and
+    # since nothing harmful can go, the less useful half of the rest goes instead
+    rebuilt, kept, gone = choose_removals(units, effects(-50.0), rebuild)
+    assert set(gone) == {unrelated.name} and kept == [intermediate, built]
+    assert {token.token for token in rebuilt.new_tokens} == {intermediate.tokens[0], built.tokens[0]}
+    assert "least useful half" in gone[unrelated.name]
+    # ... or, before that, a unit never seen in the text that only takes probability elsewhere
+    rebuilt, kept, gone = choose_removals(units, effects(-50.0, unrelated_bits=0.5, unrelated_uses=0), rebuild)
+    assert set(gone) == {unrelated.name} and "never used in the validation text" in gone[unrelated.name]
+    # it saves only 5: together they cost 5 bits, so both go
+    rebuilt, kept, gone = choose_removals(units, effects(-5.0), rebuild)
+    assert set(gone) == {intermediate.name, built.name} and kept == [unrelated]
+    assert "together they cost 5.0 bits more than they save" in gone[built.name]
+    assert {token.token for token in rebuilt.new_tokens} == {unrelated.tokens[0]}
