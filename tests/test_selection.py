@@ -289,9 +289,10 @@ def test_the_card_names_each_removed_term_with_its_measured_reason():
     assert "chose the rows of step 40" in card and "`' cual'` | 9 | +52.0 | costs 52.0 bits more" in card
 
 
-def test_units_built_on_a_harmful_intermediate_are_found(smollm2_tokenizer):
-    # two mined merges, the second built on the first (" zq" + "rx" -> " zqrx"; " zqrx" + "vw"):
-    # removing the first alone changes nothing, since the rebuild keeps what the second needs
+@pytest.fixture
+def nested_merges(smollm2_tokenizer):
+    """Three mined merges, the second built on the first (" zq" + "rx" -> " zqrx"; " zqrx" + "vw"),
+    the third on neither: (rebuild, units, intermediate, built, unrelated)."""
     pieces = smollm2_tokenizer.convert_ids_to_tokens(smollm2_tokenizer(" zqrxvw", add_special_tokens=False)["input_ids"])
     assert len(pieces) >= 3, pieces
     first = (pieces[0], pieces[1])
@@ -299,20 +300,19 @@ def test_units_built_on_a_harmful_intermediate_are_found(smollm2_tokenizer):
     rebuild = merges_rebuilder(smollm2_tokenizer, merges)
     units = token_units(rebuild([Unit(a + b, (a + b,)) for a, b in merges]))
     by_token = {unit.tokens[0]: unit for unit in units}
-    intermediate, built, unrelated = (by_token[a + b] for a, b in merges)
+    return (rebuild, units, *(by_token[a + b] for a, b in merges))
+
+
+def test_units_built_on_a_harmful_intermediate_are_found(nested_merges):
+    # removing the first merge alone changes nothing, since the rebuild keeps what the second needs
+    rebuild, units, intermediate, built, unrelated = nested_merges
     assert intermediate.tokens[0] in {t.token for t in rebuild([built]).new_tokens}  # the rebuild keeps it
     assert built_on_units([intermediate], units, rebuild) == {built: intermediate.name}
     assert built_on_units([unrelated], units, rebuild) == {}
 
 
-def test_a_harmful_intermediate_goes_with_what_is_built_on_it_only_when_together_they_cost(smollm2_tokenizer):
-    pieces = smollm2_tokenizer.convert_ids_to_tokens(smollm2_tokenizer(" zqrxvw", add_special_tokens=False)["input_ids"])
-    first = (pieces[0], pieces[1])
-    merges = [first, (first[0] + first[1], pieces[2]), (pieces[0], pieces[2])]
-    rebuild = merges_rebuilder(smollm2_tokenizer, merges)
-    units = token_units(rebuild([Unit(a + b, (a + b,)) for a, b in merges]))
-    by_token = {unit.tokens[0]: unit for unit in units}
-    intermediate, built, unrelated = (by_token[a + b] for a, b in merges)
+def test_a_harmful_intermediate_goes_with_what_is_built_on_it_only_when_together_they_cost(nested_merges):
+    rebuild, units, intermediate, built, unrelated = nested_merges
 
     def effects(built_bits: float, unrelated_bits: float = -1.0, unrelated_uses: int = 2) -> dict:
         return {intermediate.name: _UnitEffect(occurrences=3, net_bits=10.0, leak_bits=0.0),
