@@ -104,8 +104,9 @@ def choose_removals(units: list[Unit], effects: dict[str, "_UnitEffect"], rebuil
     1. the units with a harmful net effect that occur in the validation text;
     2. where each of those is a step of kept units' merges (rebuilt without it, it comes back):
        it together with the units built on it, where together they cost more than they save
-       (removing the group whatever it saves cost Chinese 14 words worth -1,124 bits with the two
-       characters under them, and the next round scored worse on both halves of the text);
+       (removing every such group whatever it saved took 14 words the attribution credited with
+       savings out of a Chinese job along with the 9 characters and pieces under them; the next
+       round scored worse on both halves of the text, and the job published nothing);
     3. the units harmful only through their leak (never seen in the validation text);
     4. the less useful half by net effect (the attribution misses longer-range effects; the
        re-score does not)."""
