@@ -312,12 +312,20 @@ def _kept(base_tpb: float, tpb: float, offered: float | None) -> float | None:
     return (base_tpb - tpb) / (base_tpb - offered)
 
 
+def _offered_by_ours(rows: list[dict]) -> float | None:
+    """Without a peer that keeps every mined token: ours, where it published every one of them."""
+    return next((r["metrics"]["domain"]["tokens_per_byte"] for r in rows if r["system"] == "ours" and r["published"]
+                 and not r["removed"] and r["new_tokens"] == r["offered_merges"]), None)
+
+
 def report(result: dict) -> str:
-    base, offered, domain = result["base"], result["offered_tokens_per_byte"], result["domain"]
+    base, domain = result["base"], result["domain"]
+    offered = result["offered_tokens_per_byte"] or _offered_by_ours(result["rows"])
     bd, bg = base["domain"], base["general"]
     d = result["defaults"]
     lines = [
-        f"# Quality at the product's defaults: {DOMAINS[domain]} (issue 11)",
+        f"# Quality at the product's defaults{'' if result['steps'] == d['steps'] else ', but ' + str(result['steps']) + ' steps'}: "
+        f"{DOMAINS[domain]} (issue 11)",
         "",
         (f"Command: `{result['command']}` ({result['seconds'] / 60:.0f} min on 2 shared CPU cores)."
          if isinstance(result["command"], str) else
@@ -338,7 +346,7 @@ def report(result: dict) -> str:
         f"{result['data']['bytes']['test']:,} bytes), split by the product's hash (extension.corpus.split_of). "
         f"Model: SmolLM2-135M-Instruct, fp32, CPU. Product defaults: up to {d['max_new_tokens']} mined tokens "
         f"(min frequency {d['min_frequency']}, mining unit {result.get('mining_unit', d.get('mining_unit', 'pairs'))!r}"
-        f"{'' if result.get('mining_unit', d.get('mining_unit')) == d.get('mining_unit') else ', NOT the default'}), {result['steps']} steps x batch {d['batch_size']} x seq {d['seq_len']}, "
+        f"{'' if result.get('mining_unit', d.get('mining_unit')) == d.get('mining_unit') else ', NOT the default'}), {result['steps']} steps{'' if result['steps'] == d['steps'] else ' (NOT the default ' + str(d['steps']) + ')'} x batch {d['batch_size']} x seq {d['seq_len']}, "
         f"lr {d['lr']} x {d['embedding_lr_multiplier']} for the rows, selection {d['selection']!r}; "
         f"trainable_tokens: the same budget on every offered token. Scored: the first {result['eval_bytes']:,} bytes "
         f"of the test split and {result['eval_bytes']:,} bytes of general English (the product's default is 50,000). "
