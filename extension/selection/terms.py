@@ -111,7 +111,8 @@ def choose_removals(units: list[Unit], effects: dict[str, "_UnitEffect"], rebuil
     4. the less useful half by net effect (the attribution misses longer-range effects; the
        re-score does not)."""
     seen = [unit for unit in units if effects[unit.name].net_bits > 0 and effects[unit.name].occurrences > 0]
-    rebuilt, kept, gone = _remove(units, {unit.name: _reason(effects[unit.name]) for unit in seen}, rebuild)
+    harmful = {unit.name: _reason(effects[unit.name]) for unit in seen}
+    rebuilt, kept, gone = _remove(units, harmful, rebuild)
     if gone or not kept:
         return rebuilt, kept, gone
     group_bits = {unit.name: effects[unit.name].net_bits for unit in seen}
@@ -127,7 +128,7 @@ def choose_removals(units: list[Unit], effects: dict[str, "_UnitEffect"], rebuil
         if not reasons:
             continue
         # the harmful units stuck under them go too where nothing kept needs them any more
-        rebuilt, kept, gone = _remove(units, {**{unit.name: _reason(effects[unit.name]) for unit in seen}, **reasons}, rebuild)
+        rebuilt, kept, gone = _remove(units, {**harmful, **reasons}, rebuild)
         if gone or not kept:
             return rebuilt, kept, gone
     return rebuilt, kept, gone
