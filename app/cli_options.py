@@ -11,8 +11,8 @@ def add_option_flags(parser: argparse.ArgumentParser, names: list[str] | None = 
     """One flag per option (default: every option), with its default and range in the help."""
     for option in OPTIONS if names is None else [BY_NAME[name] for name in names]:
         parser.add_argument(
-            option.cli_flag, dest=option.name, type=option.kind, default=option.default,
-            help=f"{option.help}; {option.valid_range()} (default: %(default)s)",
+            option.cli_flag, dest=option.name, type=option.kind, default=option.unset_default,
+            help=f"{option.help}; {option.valid_range()} (default: {option.default_text})",
         )
 
 

@@ -40,6 +40,9 @@ def _field(option: Option) -> tuple[type, Any]:
         bounds = {"min_length": int(option.minimum), "max_length": int(option.maximum)}
     else:
         bounds = {"gt" if option.exclusive_minimum else "ge": option.minimum, "le": option.maximum}
+    if option.device_defaults:  # unset: the worker fills in its device's default
+        description = f"{option.help[:1].upper() + option.help[1:]}. Default: {option.default_text}"
+        return option.kind | None, Field(None, description=description, **bounds)
     return option.kind, Field(option.default, description=option.help[:1].upper() + option.help[1:], **bounds)
 
 

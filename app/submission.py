@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from extension.corpus import check_corpus
 from extension.errors import InvalidCorpusError, TideError
 from extension.models import BUILTIN_MODELS, resolve_model
+from extension.options import BY_NAME
 
 from .base_tokenizers import BaseTokenizers
 from .db.jobs import add_event, new_job_id
@@ -47,9 +48,24 @@ def _request_hash(request: ExtendRequest) -> str:
     return hashlib.sha256(json.dumps(request.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
 
 
+def steps_on_worker(request: ExtendRequest, settings: Settings) -> list[int]:
+    """The training steps this job can run: as asked, else the default of the workers' device
+    (the TIDE_DEVICE setting; with "auto" each worker decides, so any device's default)."""
+    if request.training.steps is not None:
+        return [request.training.steps]
+    steps = BY_NAME["steps"]
+    if settings.device == "auto":
+        return sorted({steps.default, *(value for _device, value in steps.device_defaults)})
+    return [steps.default_on(settings.device.split(":")[0])]
+
+
 def _check_limits(request: ExtendRequest, settings: Settings) -> None:
-    if request.training.steps > settings.max_steps:
-        raise ApiError(422, "invalid_option", f"training.steps is {request.training.steps}; this server allows at most {settings.max_steps}", "training.steps")
+    steps = max(steps_on_worker(request, settings))
+    if steps > settings.max_steps:
+        asked = f"is {steps}" if request.training.steps is not None else (
+            f"is unset, and its default on this server's workers can be {steps} ({BY_NAME['steps'].default_text})")
+        raise ApiError(422, "invalid_option", f"training.steps {asked}; this server allows at most {settings.max_steps}: "
+                       f"give training.steps at most {settings.max_steps}", "training.steps")
     if request.terms is None and request.corpus_file_id is None and request.corpus_text is None:
         raise ApiError(
             422, "invalid_request",
@@ -177,7 +193,7 @@ def submit(
         id=new_job_id(), owner_id=key.id, idempotency_key=idempotency_key, request_hash=request_hash,
         request=stored_request, base_model=request.base_model,
         corpus_file_id=corpus.id if corpus is not None else None,
-        progress_total=request.training.steps,
+        progress_total=steps[0] if len(steps := steps_on_worker(request, settings)) == 1 else 0,  # 0: the worker's device decides
     )
     db.add(job)
     try:

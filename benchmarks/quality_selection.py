@@ -2,8 +2,9 @@
 
 `benchmarks/quality.py` compares training methods on fixed word lists; this script measures what
 a user gets: the documented entry point `extension.pipeline.run` at DEFAULT settings (terms mined,
-100 steps, validation selection of the step and of the terms on), on a whole corpus file, and
-PEFT Trainable Tokens trained on every token mining offered, at the same budget, in the same run.
+100 steps, a CPU's default, or with `--steps 400` a GPU's; validation selection of the step and of
+the terms on), on a whole corpus file, and PEFT Trainable Tokens trained on every token mining
+offered, at the same budget, in the same run.
 (The document readers, model loading and the train-split windows are quality.py's.)
 
 Domains (read from Debian packages at run time, never copied into the repository):
@@ -52,7 +53,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 
 import quality  # noqa: E402
-from extension.options import BY_NAME, DEFAULTS  # noqa: E402
+from extension.options import BY_NAME, DEFAULTS, OPTIONS  # noqa: E402
 
 DOMAINS = {
     "zh": "Chinese fortunes (fortunes-zh)",
@@ -191,6 +192,7 @@ def _result(args, command: str, data: dict, base: dict | None, rows: list[dict],
     return {"domain": args.domain, "command": command, "eval_bytes": args.eval_bytes, "steps": args.steps,
             "defaults": {k: DEFAULTS[k] for k in ("max_new_tokens", "min_frequency", "steps", "batch_size", "seq_len", "lr",
                                                    "embedding_lr_multiplier", "selection", "mining_unit")},
+            "device_defaults": {o.name: dict(o.device_defaults) for o in OPTIONS if o.device_defaults},
             "mining_unit": args.mining_unit,
             "data": data, "base": base, "offered_tokens_per_byte": offered, "rows": rows,
             "seconds": round(time.time() - started)}
@@ -226,7 +228,9 @@ def main() -> None:
     parser.add_argument("--systems", default="ours,trainable_tokens", help=f"comma-separated, from {', '.join(SYSTEMS)}")
     parser.add_argument("--eval-bytes", type=int, default=20_000,
                         help="test-split bytes scored, and general-English bytes (product default 50000)")
-    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="for smoke runs only: the measured runs use the default")
+    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"],
+                        help=f"default: the CPU's default; {BY_NAME['steps'].default_on('cuda')} is a GPU worker's default "
+                             "(run on this CPU, it measures what a GPU job trains); other values for smoke runs only")
     parser.add_argument("--mining-unit", choices=BY_NAME["mining_unit"].choices, default=DEFAULTS["mining_unit"],
                         help="for comparing the mining units before choosing the default (default: the product's)")
     parser.add_argument("--max-docs", type=int, default=0, help="for smoke runs only: the first N documents (0: all)")
@@ -318,14 +322,22 @@ def _offered_by_ours(rows: list[dict]) -> float | None:
                  and not r["removed"] and r["new_tokens"] == r["offered_merges"]), None)
 
 
+def _steps_default_of(result: dict) -> str | None:
+    """Whose default the run's steps are: "CPU", "GPU" or None (runs before the GPU default
+    existed are read against today's option spec)."""
+    gpu = result.get("device_defaults", {o.name: dict(o.device_defaults) for o in OPTIONS})["steps"].get("cuda")
+    return "CPU" if result["steps"] == result["defaults"]["steps"] else "GPU" if result["steps"] == gpu else None
+
+
 def report(result: dict) -> str:
     base, domain = result["base"], result["domain"]
     offered = result["offered_tokens_per_byte"] or _offered_by_ours(result["rows"])
     bd, bg = base["domain"], base["general"]
     d = result["defaults"]
+    device = _steps_default_of(result)
     lines = [
-        f"# Quality at the product's defaults{'' if result['steps'] == d['steps'] else ', but ' + str(result['steps']) + ' steps'}: "
-        f"{DOMAINS[domain]} (issue 11)",
+        f"# Quality at the product's {device + ' ' if device else ''}defaults"
+        f"{'' if device else ', but ' + str(result['steps']) + ' steps'}: {DOMAINS[domain]} (issue 11)",
         "",
         (f"Command: `{result['command']}` ({result['seconds'] / 60:.0f} min on 2 shared CPU cores)."
          if isinstance(result["command"], str) else
@@ -346,12 +358,14 @@ def report(result: dict) -> str:
         f"{result['data']['bytes']['test']:,} bytes), split by the product's hash (extension.corpus.split_of). "
         f"Model: SmolLM2-135M-Instruct, fp32, CPU. Product defaults: up to {d['max_new_tokens']} mined tokens "
         f"(min frequency {d['min_frequency']}, mining unit {result.get('mining_unit', d.get('mining_unit', 'pairs'))!r}"
-        f"{'' if result.get('mining_unit', d.get('mining_unit')) == d.get('mining_unit') else ', NOT the default'}), {result['steps']} steps{'' if result['steps'] == d['steps'] else ' (NOT the default ' + str(d['steps']) + ')'} x batch {d['batch_size']} x seq {d['seq_len']}, "
+        f"{'' if result.get('mining_unit', d.get('mining_unit')) == d.get('mining_unit') else ', NOT the default'}), {result['steps']} steps ({'the ' + device + ' default' if device else 'NOT a default'}) x batch {d['batch_size']} x seq {d['seq_len']}, "
         f"lr {d['lr']} x {d['embedding_lr_multiplier']} for the rows, selection {d['selection']!r}; "
         f"trainable_tokens: the same budget on every offered token. Scored: the first {result['eval_bytes']:,} bytes "
         f"of the test split and {result['eval_bytes']:,} bytes of general English (the product's default is 50,000). "
         "Bits per byte: lower is better; percentages against the base model in the same run. "
-        "Saving kept = (base - published tokens/byte) / (base - offered tokens/byte).",
+        "Saving kept = (base - published tokens/byte) / (base - offered tokens/byte)."
+        + (" A GPU worker's default budget, measured on the CPU in fp32: a GPU job computes the frozen model in bf16 "
+           "(the new rows in fp32), which this run does not measure." if device == "GPU" else ""),
         "",
         "| system | domain bits/byte | general bits/byte | tokens/byte | new tokens | saving kept | wall time | notes |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",

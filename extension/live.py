@@ -18,6 +18,7 @@ live optimizer is matched by parameter object, not by position.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ from transformers import TrainerCallback
 from .errors import InvalidCorpusError, InvalidOptionError, UnsupportedCheckpointError
 from .init import apply_rows
 from .optimizer_state import grow_live_optimizer, vocab_parameters
+from .options import defaults_for_device
 from .pipeline import new_vocabulary, validate_spec
 from .spec import Callbacks, ExtendSpec
 
@@ -93,6 +95,8 @@ def extend_live_run(trainer, spec: ExtendSpec, callbacks: Callbacks | None = Non
     """Extend the running `trainer`'s model, tokenizer and optimizer now (see the module docstring)."""
     callbacks = callbacks or Callbacks()
     model = trainer.accelerator.unwrap_model(trainer.model)
+    device_defaults = defaults_for_device(spec, model.device.type)  # the run's own device decides
+    spec = replace(spec, **device_defaults)
     before = _vocab_params(model)
     was_training = model.training
     # The user's run keeps its own random stream: TIDE's seeded sampling must not shift it.
@@ -122,6 +126,7 @@ def extend_live_run(trainer, spec: ExtendSpec, callbacks: Callbacks | None = Non
         "skipped": report["skipped"],
         "vocab": {k: rows_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
         "trained_steps": vocabulary.trained.steps_done if vocabulary.trained else 0,
+        "device_defaults": {"device": model.device.type, "options": device_defaults},
         "selection": {k: v for k, v in vocabulary.selection.items() if k != "effects"},
         "optimizer": optimizer_report,
     }

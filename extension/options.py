@@ -35,6 +35,26 @@ class Option:
     api_name: str | None = None  # field name inside its group (default: name)
     flag: str | None = None  # CLI flag (default: --name-with-dashes)
     choices: tuple[str, ...] | None = None  # str options: the accepted values (instead of a length range)
+    # Where the best default depends on the machine that runs the job: (device type, default)
+    # pairs, e.g. (("cuda", 400),); `default` holds on every other device. Such an option stays
+    # unset (None) in requests and specs until the job knows its device (`defaults_for_device`).
+    device_defaults: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def unset_default(self) -> Any:
+        """What a request or spec holds when the user gives no value: None while the device decides."""
+        return None if self.device_defaults else self.default
+
+    def default_on(self, device_type: str) -> Any:
+        return dict(self.device_defaults).get(device_type, self.default)
+
+    @property
+    def default_text(self) -> str:
+        """The default in words, e.g. '100 on a CPU, 400 on a GPU (cuda)'."""
+        if not self.device_defaults:
+            return str(self.default)
+        others = ", ".join(f"{value} on {_DEVICE_WORDS.get(kind, kind)}" for kind, value in self.device_defaults)
+        return f"{self.default} on a CPU, {others}"
 
     @property
     def cli_flag(self) -> str:
@@ -62,6 +82,8 @@ class Option:
 
     def problem(self, value: Any) -> str | None:
         """None when `value` is acceptable, else what is wrong with it (without the option's name)."""
+        if value is None and self.device_defaults:
+            return None  # unset: the device's default, filled in where the job runs
         if self.choices:
             ok = isinstance(value, str) and value in self.choices
         elif self.kind is str:
@@ -76,6 +98,9 @@ class Option:
         problem = self.problem(value)
         if problem is not None:
             raise InvalidOptionError(option=self.name, problem=problem)
+
+
+_DEVICE_WORDS = {"cuda": "a GPU (cuda)"}
 
 
 def _is_number(value: Any, *, integer: bool) -> bool:
@@ -107,7 +132,12 @@ OPTIONS: tuple[Option, ...] = (
            "training closer to where it ends), the mean for an init-only job (untrained, composed rows take more "
            "probability where they are not the answer)", choices=("auto", "composition", "subword_mean")),
     # training of the new rows
-    Option("steps", int, 100, "optimizer steps over the new rows (0: initialise them only)", 0, 1_000_000),
+    # 400 on a GPU, where they take seconds: at 100 the rows of a script BPE splits into bytes
+    # (Chinese) are not trained yet and the selection drops most of them (44.7% of the offered
+    # saving kept, benchmarks/results/quality_zh.md); at 400 every mined token pays (100.0%,
+    # quality_zh_400steps.md). The CPU keeps 100: 400 takes four times as long there.
+    Option("steps", int, 100, "optimizer steps over the new rows (0: initialise them only; unset: the device's "
+           "default)", 0, 1_000_000, device_defaults=(("cuda", 400),)),
     Option("batch_size", int, 4, "sequences per training step", 1, 1024),
     Option("seq_len", int, 128, "tokens per training sequence (at most the model's context)", 8, 131_072),
     # Chosen on Spanish and FOLDOC only (benchmarks/results/init_methods.md: every mined token kept,
@@ -140,7 +170,14 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
-DEFAULTS: dict[str, Any] = {option.name: option.default for option in OPTIONS}
+DEFAULTS: dict[str, Any] = {option.name: option.default for option in OPTIONS}  # on a CPU
+
+
+def defaults_for_device(values: Any, device_type: str) -> dict[str, Any]:
+    """The device's default of every option `values` leaves unset (None), by name: what a job
+    fills in once it knows where it runs (device_type: torch's, "cpu" or "cuda")."""
+    return {option.name: option.default_on(device_type) for option in OPTIONS
+            if option.device_defaults and getattr(values, option.name, None) is None}
 
 
 def check_options(values: Any, names: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ The CLI and the worker call only this. Everything the service needs goes through
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from pathlib import Path
 
@@ -16,7 +16,7 @@ import torch
 from . import corpus as corpus_io
 from .card import model_card
 from .errors import InvalidCorpusError, InvalidOptionError, InvalidTermsError, JobCancelled
-from .options import check_options
+from .options import check_options, defaults_for_device
 from .models import ModelSources, load_model, load_tokenizer, resolve_model
 from .publish import check_output_dir, publish
 from .spec import STAGES, Callbacks, ExtendSpec  # noqa: F401  (STAGES: the order run() follows)
@@ -87,6 +87,8 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     sources = sources or DEFAULT_SOURCES
     validate_spec(spec)
     placement = job_devices.resolve_placement(spec.device, spec.device_map)  # one device decision per job
+    device_defaults = defaults_for_device(spec, placement.device.type)
+    spec = replace(spec, **device_defaults)
     check_output_dir(spec.out_dir, force=spec.force)
     corpus_documents = 0
     if spec.corpus_path is not None:
@@ -171,6 +173,8 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         "base_model": {"name": spec.base_model, "source": resolved.kind},
         # corpus_path is where the file lay on the machine that ran the job: corpus_name says which corpus it was
         "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force", "corpus_path"}},
+        # the options the job left to its device, and what that device made them
+        "device_defaults": {"device": placement.device.type, "options": device_defaults},
         "init": vocabulary.init,
         "trained_steps": steps_done,
         "published_step": vocabulary.selection.get("best_step", steps_done),

@@ -60,7 +60,11 @@ class TrainConfig:
     @classmethod
     def from_spec(cls, spec) -> "TrainConfig":
         names = {f for f in cls.__dataclass_fields__}
-        return cls(**{name: getattr(spec, name) for name in names if hasattr(spec, name)})
+        values = {name: getattr(spec, name) for name in names if hasattr(spec, name)}
+        unset = sorted(name for name, value in values.items() if value is None)
+        if unset:  # a caller's mistake, not the user's: run() fills these in from the job's device
+            raise ValueError(f"{', '.join(unset)} still unset: fill in extension.options.defaults_for_device first")
+        return cls(**values)
 
     def validate(self, *, max_positions: int | None = None) -> "TrainConfig":
         """Raise InvalidOptionError naming the option and its valid range; with `max_positions`,

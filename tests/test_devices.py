@@ -83,6 +83,23 @@ def test_the_default_device_on_a_machine_without_a_gpu_is_cpu(tmp_path, tiny_mod
     assert {info["device"] for info in _metrics(tmp_path / "auto")["devices"].values()} == {"cpu"}
 
 
+def test_a_job_that_leaves_steps_unset_trains_its_devices_default(tmp_path, tiny_model_dir, cli_cache):
+    """`--steps` left out: 100 on a CPU, 400 on a GPU (extension/options.py), filled in where the
+    job runs and recorded with the device that chose it."""
+    from extension.options import BY_NAME
+
+    terms = tmp_path / "terms.txt"
+    terms.write_text("\n".join(TERMS) + "\n")
+    assert main(["extend", "--base-model", str(tiny_model_dir), "--terms", str(terms), "--out", str(tmp_path / "out"),
+                 "--batch-size", "2", "--seq-len", "32", "--eval-bytes", "1000", "--checkpoint-every", "0"]) == 0
+    extension = json.loads((tmp_path / "out" / "tide_extension.json").read_text())
+    device = extension["device_defaults"]["device"]
+    assert device == ("cuda" if torch.cuda.is_available() else "cpu")
+    steps = BY_NAME["steps"].default_on(device)
+    assert extension["device_defaults"]["options"] == {"steps": steps}
+    assert extension["spec"]["steps"] == extension["trained_steps"] == _metrics(tmp_path / "out")["training"]["steps"] == steps
+
+
 @pytest.mark.parametrize(
     "flag, value, needle",
     [

@@ -27,8 +27,11 @@ def test_the_form_offers_every_option_of_the_request_schema_with_its_default():
         else:
             expected[name] = info.get_default(call_default_factory=True)
     assert {param: field.default for param, field in fields.items()} == expected
+    batch = fields["training.batch_size"]
+    assert batch.kind == "integer" and batch.value == str(batch.default) and batch.limits
+    # a default that depends on the worker's device: the input starts empty, the hint says each
     steps = fields["training.steps"]
-    assert steps.kind == "integer" and steps.value == str(steps.default) and steps.limits
+    assert steps.kind == "integer" and steps.value == "" and steps.limits and "400 on a GPU" in steps.description
     assert fields["training.lr"].kind == "number" and fields["training.lr"].limits.startswith("more than 0")
     assert float(fields["training.lr"].value) == fields["training.lr"].default  # the input parses back
 
@@ -116,11 +119,15 @@ def test_the_loss_curve_prefers_the_full_history_and_falls_back_to_progress_even
 def test_the_timeline_follows_the_pipelines_stage_order():
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
     at = lambda seconds: start + timedelta(seconds=seconds)  # noqa: E731
-    running = views.timeline("running", {"terms": ["x"]}, [("load", at(0)), ("extend", at(5)), ("init", at(6)), ("train", at(7))], None, at(20))
+    init_only = {"terms": ["x"], "training": {"steps": 0}}  # no contexts to generate
+    running = views.timeline("running", init_only, [("load", at(0)), ("extend", at(5)), ("init", at(6)), ("train", at(7))], None, at(20))
     assert [(s.name, s.state) for s in running] == [
         ("load", "done"), ("extend", "done"), ("init", "done"), ("train", "current"), ("evaluate", "pending"), ("publish", "pending"),
     ]
     assert running[0].seconds == 5 and running[3].seconds == 13
+    # steps unset: the worker's device's default, never 0, so the base model writes contexts first
+    trains = views.timeline("queued", {"terms": ["x"], "training": {"steps": None}}, [], None, at(0))
+    assert "generate" in [s.name for s in trains]
     mining = views.timeline("failed", {"corpus_file_id": "file_1"}, [("load", at(0)), ("mine", at(3))], at(9), at(30))
     assert [(s.name, s.state) for s in mining][:3] == [("load", "done"), ("mine", "stopped"), ("extend", "pending")]
     assert mining[1].seconds == 6

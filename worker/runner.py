@@ -162,7 +162,7 @@ def request_options(request: dict) -> dict:
     for option in OPTIONS:
         if option.api_group is not None:
             group = request if option.api_group == "root" else request.get(option.api_group, {})
-            values[option.name] = group.get(option.api_name or option.name, option.default)
+            values[option.name] = group.get(option.api_name or option.name, option.unset_default)
     return values
 
 
@@ -225,11 +225,12 @@ def _run_claimed(sessions, claim: Claim, settings: Settings, heartbeat: Heartbea
             "counts": jsonable(result.extension.get("counts", {})),
             "seconds": jsonable(result.seconds),
         }
+        trained_steps = result.metrics["training"]["steps"]  # the device's default when the request left it unset
         finished = job_state.finish_owned(
             sessions, claim, "succeeded",
             expires_at=utcnow() + timedelta(hours=settings.artifact_ttl_hours),
             metrics=jsonable(result.metrics), manifest=jsonable(result.manifest), result=summary,
-            archive_bytes=size, archive_sha256=digest, progress_step=spec.steps, progress_total=spec.steps,
+            archive_bytes=size, archive_sha256=digest, progress_step=trained_steps, progress_total=trained_steps,
         )
         return "succeeded" if finished else "lost"
     except JobCancelled:

@@ -231,7 +231,7 @@ def timeline(status: str, request: dict, stage_events: list[tuple[str, datetime]
     """Every stage this job goes through, in order, with its start time and duration so far."""
     mines = bool(request.get("corpus_file_id")) and not request.get("terms")
     # a terms-only job that trains first has the base model write contexts for its terms
-    generates = not request.get("corpus_file_id") and (request.get("training") or {}).get("steps", 0) > 0
+    generates = not request.get("corpus_file_id") and (request.get("training") or {}).get("steps") != 0  # unset: the device's default, never 0
     planned = [stage for stage in STAGES if (stage != "mine" or mines) and (stage != "generate" or generates)]
     seen: dict[str, datetime] = {}
     for name, moment in stage_events:

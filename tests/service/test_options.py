@@ -55,8 +55,8 @@ def _extend_parser():
 def test_cli_has_the_option_with_its_default_and_range(option):
     action = next(a for a in _extend_parser()._actions if a.dest == option.name)
     assert action.option_strings == [option.cli_flag]
-    assert action.default == option.default and action.type is option.kind
-    assert option.valid_range() in action.help
+    assert action.default == option.unset_default and action.type is option.kind
+    assert option.valid_range() in action.help and f"(default: {option.default_text})" in action.help
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.name)
@@ -65,7 +65,7 @@ def test_library_spec_default_and_range(option):
     from extension.spec import ExtendSpec
 
     spec = ExtendSpec(base_model="m", out_dir="o", terms=["kernel"])
-    assert getattr(spec, option.name) == option.default
+    assert getattr(spec, option.name) == option.unset_default
     validate_spec(spec)
     for low_or_high in option.choices or (option.minimum, option.maximum):
         if option.choices:
@@ -110,7 +110,10 @@ def test_api_schema_and_errors_match(option, client, auth):
         assert Settings.model_fields[option.name].default == option.default
         return
     prop = _schema_property(ExtendRequest.model_json_schema(), option)
-    assert prop["default"] == option.default
+    assert prop["default"] == option.unset_default
+    if option.device_defaults:  # null, or a value in the range: /docs says what each device makes of null
+        assert option.default_text in prop["description"]
+        prop = next(p for p in prop["anyOf"] if p.get("type") != "null")
     if option.choices:
         assert prop["enum"] == list(option.choices)
     elif option.kind is str:

@@ -209,7 +209,10 @@ def test_an_invalid_form_shows_the_servers_error_next_to_the_field(browser, live
     from app.schemas import ExtendRequest
 
     defaults = ExtendRequest(base_model=TINY_MODEL)
-    assert browser.find_element(By.ID, "opt-training-steps").get_attribute("value") == str(defaults.training.steps)
+    assert browser.find_element(By.ID, "opt-training-batch_size").get_attribute("value") == str(defaults.training.batch_size)
+    # left empty, training.steps takes the worker's device's default, which the hint states
+    assert defaults.training.steps is None and browser.find_element(By.ID, "opt-training-steps").get_attribute("value") == ""
+    assert "400 on a GPU" in browser.find_element(By.ID, "opt-training-steps-hint").text
     assert float(browser.find_element(By.ID, "opt-training-lr").get_attribute("value")) == defaults.training.lr
     _fill(browser, "base_model", TINY_MODEL)
     _fill(browser, "terms_text", "\n".join(TERMS))

@@ -1,0 +1,90 @@
+"""Options whose default depends on the device the job runs on (`device_defaults` in
+extension/options.py; today training.steps: 100 on a CPU, 400 on a GPU). A request leaves them
+unset; the server's limits and the job's progress account for every device its workers may have;
+the worker fills in its own device's default and tide_extension.json says which it used."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from extension.options import BY_NAME, defaults_for_device
+from extension.spec import ExtendSpec
+
+from .conftest import TINY_MODEL, wait_for_status
+from .test_api_inputs import assert_error, submit
+
+TERMS = ["multiprogramming", "hypertext"]
+SMALL = {"batch_size": 2, "seq_len": 32, "warmup_steps": 0, "checkpoint_every": 0}
+
+
+def test_an_unset_option_takes_the_default_of_the_device():
+    unset = ExtendSpec(base_model="m", out_dir="o", terms=["kernel"])
+    assert unset.steps is None
+    assert defaults_for_device(unset, "cpu") == {"steps": BY_NAME["steps"].default} == {"steps": 100}
+    assert defaults_for_device(unset, "cuda") == {"steps": 400}
+    assert defaults_for_device(ExtendSpec(base_model="m", out_dir="o", terms=["kernel"], steps=7), "cuda") == {}
+    assert BY_NAME["steps"].default_text == "100 on a CPU, 400 on a GPU (cuda)"
+
+
+@pytest.fixture()
+def side_client(service_settings, tmp_path):
+    """A second app on its own database whose queue no worker reads: jobs stay queued."""
+    from fastapi.testclient import TestClient
+
+    from app.db.keys import create_key
+    from app.main import create_app
+
+    def make(**settings_update):
+        settings = service_settings.model_copy(update={"data_dir": tmp_path / str(len(apps)), "queue": "tide-nobody-listens",
+                                                       **settings_update})
+        side = create_app(settings)
+        apps.append(side)
+        with side.state.sessions() as session:
+            headers = {"Authorization": f"Bearer {create_key(session, 'side')[1]}"}
+        return TestClient(side), headers
+
+    apps: list = []
+    yield make
+    for side in apps:
+        side.state.queue.close()
+
+
+def test_a_server_limit_below_a_devices_default_is_named_at_submit(side_client):
+    body = {"base_model": TINY_MODEL, "terms": TERMS}
+    # workers on "auto" may have a GPU: an unset training.steps can become 400
+    client, auth = side_client(max_steps=200, device="auto")
+    message = assert_error(submit(client, auth, body), 422, "training.steps", "invalid_option")["message"]
+    assert "is unset" in message and "400" in message and "at most 200" in message
+    explicit = submit(client, auth, {**body, "training": {"steps": 50}})
+    assert explicit.status_code == 202, explicit.text
+    assert explicit.json()["progress"]["total"] == 50
+    # CPU workers: the default is 100, within the limit, and the progress total is known at submit
+    client, auth = side_client(max_steps=200, device="cpu")
+    accepted = submit(client, auth, body)
+    assert accepted.status_code == 202, accepted.text
+    assert accepted.json()["progress"]["total"] == 100 and accepted.json()["request"]["training"]["steps"] is None
+    # "auto" within the limit: which default applies is the worker's to know, so no total yet
+    client, auth = side_client(device="auto")
+    queued = submit(client, auth, body)
+    assert queued.status_code == 202 and queued.json()["progress"]["total"] == 0
+
+
+@pytest.mark.slow
+def test_a_job_without_steps_trains_its_devices_default_and_says_so(client, auth, worker):
+    body = {"base_model": TINY_MODEL, "terms": TERMS, "training": SMALL, "evaluation": {"max_bytes": 2000}}
+    response = client.post("/extend", json=body, headers=auth)
+    assert response.status_code == 202, response.text
+    job = wait_for_status(client, auth, response.json()["id"], {"succeeded", "failed"}, timeout=600, worker=worker)
+    assert job["status"] == "succeeded", job
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the worker's device setting is "auto"
+    steps = BY_NAME["steps"].default_on(device)
+    assert job["request"]["training"]["steps"] is None
+    assert job["progress"]["step"] == job["progress"]["total"] == job["metrics"]["training"]["steps"] == steps
+    manifest = client.get(job["artifacts"]["manifest_url"], headers=auth).json()
+    url = next(f["url"] for f in manifest["files"] if f["path"] == "tide_extension.json")
+    extension = json.loads(client.get(url, headers=auth).content)
+    assert extension["spec"]["steps"] == extension["trained_steps"] == steps
+    assert extension["device_defaults"] == {"device": device, "options": {"steps": steps}}
