@@ -178,11 +178,27 @@ def _ours_row(name: str, outcome: dict | None, failure: dict, seconds: float) ->
         new_tokens=len(ext["new_tokens"]), offered_merges=len((ext.get("mining") or {}).get("merges") or []),
         selection={k: selection.get(k) for k in ("mode", "best_step", "validation_share", "kept", "skipped")},
         removed=len(selection.get("removed") or []),
+        removed_by_round=_removal_kinds(selection.get("removed") or []),
         rounds=[{k: r[k] for k in ("round", "new_tokens", "bits_per_byte", "base_bits_per_byte", "margin_bits_per_byte")}
                 for r in selection.get("rounds") or []],
         counts=ext.get("counts"), stage_seconds=outcome["stage_seconds"],
     )
     return row
+
+
+# The first words of extension.selection.terms' removal reasons, by the rule that gave them.
+REMOVAL_KINDS = {"costs": "harmful where used", "built on": "harmful group", "never used": "leak only (never used)",
+                 "saves only": "least useful half", "the last round": "last round above the base"}
+
+
+def _removal_kinds(removed: list[dict]) -> dict[str, dict[str, int]]:
+    """{round: {rule: terms removed}}: which selection rule took how many terms in each round."""
+    counts: dict[str, dict[str, int]] = {}
+    for entry in removed:
+        kind = next((k for prefix, k in REMOVAL_KINDS.items() if entry["reason"].startswith(prefix)), "other")
+        by_kind = counts.setdefault(str(entry["round"]), {})
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+    return counts
 
 
 def _result(args, command: str, data: dict, base: dict | None, rows: list[dict], started: float) -> dict:
@@ -394,6 +410,9 @@ def report(result: dict) -> str:
                 notes.append(f"validation {s['validation_share'] * 100:.1f}% of training time")
             if r["rounds"]:
                 notes.append(f"{len(r['rounds'])} selection round(s), {r['removed']} term(s) removed")
+            if r.get("removed_by_round"):
+                notes.append("removed: " + "; ".join(f"round {n} " + ", ".join(f"{c} {k}" for k, c in kinds.items())
+                                                     for n, kinds in r["removed_by_round"].items()))
             if s.get("skipped"):
                 notes.append(s["skipped"])
         if not r["published"]:
