@@ -376,7 +376,9 @@ def report(result: dict) -> str:
         f"(min frequency {d['min_frequency']}, mining unit {result.get('mining_unit', d.get('mining_unit', 'pairs'))!r}"
         f"{'' if result.get('mining_unit', d.get('mining_unit')) == d.get('mining_unit') else ', NOT the default'}), {result['steps']} steps ({'the ' + device + ' default' if device else 'NOT a default'}) x batch {d['batch_size']} x seq {d['seq_len']}, "
         f"lr {d['lr']} x {d['embedding_lr_multiplier']} for the rows, selection {d['selection']!r}; "
-        f"trainable_tokens: the same budget on every offered token. Scored: the first {result['eval_bytes']:,} bytes "
+        + ("trainable_tokens: the same budget on every offered token. " if any(r["system"] == "trainable_tokens" for r in result["rows"])
+           else "Trainable Tokens not run (no row below). ")
+        + f"Scored: the first {result['eval_bytes']:,} bytes "
         f"of the test split and {result['eval_bytes']:,} bytes of general English (the product's default is 50,000). "
         "Bits per byte: lower is better; percentages against the base model in the same run. "
         "Saving kept = (base - published tokens/byte) / (base - offered tokens/byte)."
