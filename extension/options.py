@@ -132,12 +132,12 @@ OPTIONS: tuple[Option, ...] = (
            "training closer to where it ends), the mean for an init-only job (untrained, composed rows take more "
            "probability where they are not the answer)", choices=("auto", "composition", "subword_mean")),
     # training of the new rows
-    # 400 on a GPU, where they take seconds. benchmarks/results/quality_<domain>.md (100 steps)
-    # against quality_<domain>_400steps.md: at 100 the selection keeps 22 / 21 / 163 of 300 mined
-    # tokens on FOLDOC / the Perl manual / Chinese (30.1% / 32.6% / 44.7% of the offered saving),
-    # at 400 every one, all of the saving; test bits per byte against the base model -3.58% /
-    # -1.22% / -2.60% at 400, -1.86% / -0.50% / -3.03% at 100 (Chinese's 163 tokens predicted a
-    # little better, at less than half the saving). The CPU keeps 100: 400 take four times as long.
+    # 400 on a GPU, where they take seconds (benchmarks/results/quality_<domain>.md at 100 steps,
+    # quality_<domain>_400steps.md at 400, SmolLM2, five domains): at 400 every domain keeps all
+    # 300 mined tokens and all of their saving, and its test bits per byte are lower than at 100
+    # everywhere but Chinese (-2.60% against the base vs -3.03%, which kept 163 tokens, 44.7% of
+    # the saving); at 100 FOLDOC and the Perl manual keep 22 and 21. The CPU keeps 100: 400 take
+    # four times as long there.
     Option("steps", int, 100, "optimizer steps over the new rows (0: initialise them only; unset: the device's "
            "default)", 0, 1_000_000, device_defaults=(("cuda", 400),)),
     Option("batch_size", int, 4, "sequences per training step", 1, 1024),
