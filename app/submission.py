@@ -59,6 +59,10 @@ def steps_on_worker(request: ExtendRequest, settings: Settings) -> list[int]:
     return [steps.default_on(settings.device.split(":")[0])]
 
 
+def _known_total(steps: list[int]) -> int:
+    return steps[0] if len(steps) == 1 else 0  # 0: the worker's device decides, and reports it as it trains
+
+
 def _check_limits(request: ExtendRequest, settings: Settings) -> None:
     steps = max(steps_on_worker(request, settings))
     if steps > settings.max_steps:
@@ -193,7 +197,7 @@ def submit(
         id=new_job_id(), owner_id=key.id, idempotency_key=idempotency_key, request_hash=request_hash,
         request=stored_request, base_model=request.base_model,
         corpus_file_id=corpus.id if corpus is not None else None,
-        progress_total=steps[0] if len(steps := steps_on_worker(request, settings)) == 1 else 0,  # 0: the worker's device decides
+        progress_total=_known_total(steps_on_worker(request, settings)),
     )
     db.add(job)
     try:
