@@ -362,7 +362,8 @@ def report(result: dict) -> str:
          f"--combine ... --out benchmarks/results/quality_{domain}.md`."),
         ("Base: the product's own \"before\" scoring of the same text" if any(
             r["system"].startswith("ours") and r["published"] for r in result["rows"])
-         else "Base: the base model scored by this script (the product published nothing)")
+         else "Base: the base model scored by this script" + (" (the product published nothing)" if any(
+             r["system"].startswith("ours") for r in result["rows"]) else ""))
         + (" (each process's base: " + ", ".join(f"{k} process {v:.4f}" for k, v in result["base_evaluations"].items())
            + " domain bits/byte)" if result.get("base_evaluations") else "") + ".",
         "",
@@ -440,7 +441,8 @@ def report(result: dict) -> str:
                                 f"{'met' if kept is not None and kept >= 2 / 3 else 'NOT met'}")
             else:
                 verdicts.append(f"- offered saving kept: {share} (the two-thirds target applies to Spanish and Chinese only)")
-    lines += ["", "Targets for ours, on the test split:", ""] + verdicts
+    if verdicts:
+        lines += ["", "Targets for ours, on the test split:", ""] + verdicts
     warned = {w for r in result["rows"] for w in r.get("warnings", [])}
     if warned:
         lines += ["", "PEFT warned: " + "; ".join(f"`{w}`" for w in sorted(warned))]
