@@ -40,10 +40,10 @@ def _field(option: Option) -> tuple[type, Any]:
         bounds = {"min_length": int(option.minimum), "max_length": int(option.maximum)}
     else:
         bounds = {"gt" if option.exclusive_minimum else "ge": option.minimum, "le": option.maximum}
+    description = option.help[:1].upper() + option.help[1:]
     if option.device_defaults:  # unset: the worker fills in its device's default
-        description = f"{option.help[:1].upper() + option.help[1:]}. Default: {option.default_text}"
-        return option.kind | None, Field(None, description=description, **bounds)
-    return option.kind, Field(option.default, description=option.help[:1].upper() + option.help[1:], **bounds)
+        return option.kind | None, Field(None, description=f"{description}. Default: {option.default_text}", **bounds)
+    return option.kind, Field(option.default, description=description, **bounds)
 
 
 def _group_model(group: str, doc: str) -> type[BaseModel]:

@@ -53,10 +53,7 @@ def steps_on_worker(request: ExtendRequest, settings: Settings) -> list[int]:
     (the TIDE_DEVICE setting; with "auto" each worker decides, so any device's default)."""
     if request.training.steps is not None:
         return [request.training.steps]
-    steps = BY_NAME["steps"]
-    if settings.device == "auto":
-        return sorted({steps.default, *(value for _device, value in steps.device_defaults)})
-    return [steps.default_on(settings.device.split(":")[0])]
+    return BY_NAME["steps"].defaults_for_setting(settings.device)
 
 
 def _known_total(steps: list[int]) -> int:

@@ -67,6 +67,7 @@ KEEP_TARGET = {"es", "zh"}  # the issue's two-thirds-of-the-saving target applie
 SYSTEMS = ("ours", "ours_keep_all", "trainable_tokens")
 ZH_FILES = ("chinese", "song100", "tang300")
 RESULTS = REPO / "benchmarks" / "results"
+DEVICE_DEFAULTS = {o.name: dict(o.device_defaults) for o in OPTIONS if o.device_defaults}  # {"steps": {"cuda": 400}}
 
 
 # -- data -------------------------------------------------------------------------------------
@@ -208,7 +209,7 @@ def _result(args, command: str, data: dict, base: dict | None, rows: list[dict],
     return {"domain": args.domain, "command": command, "eval_bytes": args.eval_bytes, "steps": args.steps,
             "defaults": {k: DEFAULTS[k] for k in ("max_new_tokens", "min_frequency", "steps", "batch_size", "seq_len", "lr",
                                                    "embedding_lr_multiplier", "selection", "mining_unit")},
-            "device_defaults": {o.name: dict(o.device_defaults) for o in OPTIONS if o.device_defaults},
+            "device_defaults": DEVICE_DEFAULTS,
             "mining_unit": args.mining_unit,
             "data": data, "base": base, "offered_tokens_per_byte": offered, "rows": rows,
             "seconds": round(time.time() - started)}
@@ -341,7 +342,7 @@ def _offered_by_ours(rows: list[dict]) -> float | None:
 def _steps_default_of(result: dict) -> str | None:
     """Whose default the run's steps are: "CPU", "GPU" or None (runs before the GPU default
     existed are read against today's option spec)."""
-    gpu = result.get("device_defaults", {o.name: dict(o.device_defaults) for o in OPTIONS})["steps"].get("cuda")
+    gpu = result.get("device_defaults", DEVICE_DEFAULTS)["steps"].get("cuda")
     return "CPU" if result["steps"] == result["defaults"]["steps"] else "GPU" if result["steps"] == gpu else None
 
 

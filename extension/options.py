@@ -48,6 +48,13 @@ class Option:
     def default_on(self, device_type: str) -> Any:
         return dict(self.device_defaults).get(device_type, self.default)
 
+    def defaults_for_setting(self, device: str) -> list[Any]:
+        """The defaults a job can get under a device setting (auto, cpu, cuda, cuda:N): with
+        auto, each worker's own device decides, so any of them."""
+        if device == "auto":
+            return sorted({self.default, *(value for _kind, value in self.device_defaults)})
+        return [self.default_on(device.split(":")[0])]
+
     @property
     def default_text(self) -> str:
         """The default in words, e.g. '100 on a CPU, 400 on a GPU (cuda)'."""
@@ -132,7 +139,7 @@ OPTIONS: tuple[Option, ...] = (
            "training closer to where it ends), the mean for an init-only job (untrained, composed rows take more "
            "probability where they are not the answer)", choices=("auto", "composition", "subword_mean")),
     # training of the new rows
-    # 400 on a GPU, where they take seconds (benchmarks/results/quality_<domain>.md at 100 steps,
+    # 400 on a GPU, where they are cheap (benchmarks/results/quality_<domain>.md at 100 steps,
     # quality_<domain>_400steps.md at 400, SmolLM2, five domains): at 400 every domain keeps all
     # 300 mined tokens and all of their saving, and its test bits per byte are lower than at 100
     # everywhere but Chinese (-2.60% against the base vs -3.03%, which kept 163 tokens, 44.7% of
