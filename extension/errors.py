@@ -39,6 +39,15 @@ class InvalidOptionError(TideError):
         super().__init__(message or f"{option} {problem}", param=param or option, code=code)
 
 
+class UnsupportedTokenizerError(TideError):
+    """The base model's tokenizer is of a kind or layout TIDE cannot extend without moving old ids."""
+
+    code = "unsupported_tokenizer"
+
+    def __init__(self, message: str, *, param: str | None = "base_model", code: str | None = None):
+        super().__init__(message, param=param, code=code)
+
+
 class OutputExistsError(TideError):
     code = "output_exists"
 

@@ -18,7 +18,7 @@ from .card import model_card
 from .errors import InvalidCorpusError, InvalidOptionError, InvalidTermsError, JobCancelled
 from .options import check_options, defaults_for_device
 from .models import ModelSources, load_model, load_tokenizer, resolve_model
-from .publish import check_output_dir, publish
+from .publish import check_output_dir, publish, shard_limit
 from .spec import STAGES, Callbacks, ExtendSpec  # noqa: F401  (STAGES: the order run() follows)
 
 DEFAULT_SOURCES = ModelSources(cache_dir=Path.home() / ".cache" / "tide")
@@ -101,8 +101,9 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     tokenizer = load_tokenizer(resolved, sources)
     from .train import TrainConfig, max_positions
 
-    # Before a byte of weights is read: the context limit, then whether the job fits its device.
-    memory, stored_dtype = _plan_memory(spec, resolved, sources, placement)
+    # Before a byte of weights is read: the tokenizer's layout, the context limit, then whether
+    # the job fits its device.
+    memory, stored_dtype = _plan_memory(spec, resolved, sources, placement, tokenizer)
     callbacks.on_event("memory_plan", memory.to_json())
     model = load_model(resolved, sources, placement=placement, offload_folder=_offload_folder(placement, callbacks)).eval()
     model.requires_grad_(False)
@@ -200,6 +201,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         model_card=card, history=history,
         adapter_token_ids=list(range(extended.base_vocab_size, init_report["vocab_size"])),
         adapter_target_module=_embedding_module_name(model), write_extra=write_extra, force=spec.force,
+        max_shard_bytes=shard_limit(resolved.path if resolved.kind != "hub" else None),
     )
     stages.close()
     return PipelineResult(
@@ -233,11 +235,11 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
     mined = None
     if spec.corpus_path is not None and not spec.terms:
         stages.enter("mine")
-        mined = _mine(spec, tokenizer, callbacks, corpus_documents)
+        mined = _mine(spec, tokenizer, callbacks, corpus_documents, embedding_rows=embedding_rows(model))
         extended = mined.extended
     else:
         stages.enter("extend")
-        extended = _extend(spec, tokenizer, callbacks)
+        extended = _extend(spec, tokenizer, callbacks, embedding_rows=embedding_rows(model))
     if not extended.new_tokens:
         raise InvalidTermsError(
             "nothing to add: every term is already a single token of the base tokenizer (or a "
@@ -327,8 +329,9 @@ def _choose_terms(spec: ExtendSpec, model, tokenizer, vocabulary: NewVocabulary,
         vocabulary.selection.update(measure_terms(model, extended, vocabulary.rows, validation, units=units,
                                                   pad_to_multiple_of=spec.pad_to_multiple_of))
         return
-    rebuild = (merges_rebuilder(tokenizer, vocabulary.mined.merges) if vocabulary.mined is not None
-               else terms_rebuilder(tokenizer, max_term_chars=spec.max_term_chars))
+    rows = embedding_rows(model)
+    rebuild = (merges_rebuilder(tokenizer, vocabulary.mined.merges, embedding_rows=rows) if vocabulary.mined is not None
+               else terms_rebuilder(tokenizer, max_term_chars=spec.max_term_chars, embedding_rows=rows))
     started = time.perf_counter()
     chosen = select_terms(model, extended, vocabulary.rows, validation, units=units, rebuild=rebuild,
                           pad_to_multiple_of=spec.pad_to_multiple_of, should_cancel=callbacks.should_cancel,
@@ -354,16 +357,21 @@ def _choose_terms(spec: ExtendSpec, model, tokenizer, vocabulary: NewVocabulary,
     vocabulary.extended, vocabulary.rows = chosen.extended, chosen.rows
 
 
-def _extend(spec: ExtendSpec, tokenizer, callbacks: Callbacks):
+def embedding_rows(model) -> int:
+    """The base model's embedding rows: new ids start after them (and after every id in use)."""
+    return model.get_input_embeddings().weight.shape[0]
+
+
+def _extend(spec: ExtendSpec, tokenizer, callbacks: Callbacks, *, embedding_rows: int):
     from .tokenizer import extend_tokenizer
 
-    extended = extend_tokenizer(tokenizer, spec.terms or [], max_term_chars=spec.max_term_chars)
+    extended = extend_tokenizer(tokenizer, spec.terms or [], max_term_chars=spec.max_term_chars, embedding_rows=embedding_rows)
     for skipped in extended.skipped:
         callbacks.on_warning(f"term {skipped.term!r} skipped: {skipped.detail}")
     return extended
 
 
-def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks, documents: int):
+def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks, documents: int, *, embedding_rows: int):
     from .mining import mine_terms
 
     total = 2 * documents  # the two passes over the corpus: counting words, checking encodings
@@ -372,6 +380,7 @@ def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks, documents: int):
         min_frequency=spec.min_frequency, mining_unit=spec.mining_unit, text_field=spec.corpus_text_field,
         should_cancel=callbacks.should_cancel, corpus_name=spec.corpus_name or "corpus",
         on_progress=(lambda read: callbacks.on_progress(min(read, total - 1), total, {"unit": "documents"})) if total else None,
+        embedding_rows=embedding_rows,
     )
     callbacks.on_event("mined_terms", mined.report)
     if mined.report.get("status") == "guarantee_failed" or not mined.found_terms:
@@ -401,7 +410,7 @@ def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callba
         adapter.detach()
 
 
-def _plan_memory(spec: ExtendSpec, resolved, sources: ModelSources, placement):
+def _plan_memory(spec: ExtendSpec, resolved, sources: ModelSources, placement, tokenizer):
     """(memory plan, the checkpoint's stored dtype), from the config alone; raises the option
     error of a seq_len past the model's context, and InsufficientMemoryError for a job that
     cannot fit its device."""
@@ -410,9 +419,11 @@ def _plan_memory(spec: ExtendSpec, resolved, sources: ModelSources, placement):
     from .devices import check_device_map, checkpoint_dtype, eval_batch_tokens_for
     from .memory_plan import check_plan, plan_for_spec
     from .models import load_config
+    from .tokenizer import check_extendable
     from .train import TrainConfig, max_positions
 
     config = load_config(resolved, sources)
+    check_extendable(tokenizer, embedding_rows=(config.get_text_config() or config).vocab_size)
     TrainConfig.from_spec(spec).validate(max_positions=max_positions(SimpleNamespace(config=config)))
     check_device_map(config, placement.device_map)
     stored = checkpoint_dtype(config, resolved.path if resolved.kind != "hub" else None)

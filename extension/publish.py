@@ -39,6 +39,18 @@ def check_output_dir(out_dir: Path, *, force: bool) -> None:
         raise OutputExistsError(f"--out {str(out_dir)!r} is a file, not a folder", param="out")
 
 
+# Above any single model TIDE publishes as one file: a base in one file stays in one file.
+ONE_FILE = "1000GB"
+
+
+def shard_limit(model_path: str | Path | None) -> int | None:
+    """The largest safetensors shard of a sharded base checkpoint, in bytes (its shard size
+    limit was at least that), so the published weights are sharded alike; None for one file."""
+    if model_path is None or not (Path(model_path) / "model.safetensors.index.json").exists():
+        return None
+    return max(path.stat().st_size for path in Path(model_path).glob("*.safetensors"))
+
+
 def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
@@ -113,15 +125,17 @@ def publish(
     adapter_target_module: str = "embed_tokens",
     write_extra: Callable[[Path], None] | None = None,
     force: bool = False,
+    max_shard_bytes: int | None = None,
 ) -> list[dict[str, Any]]:
     """Write everything into a staging folder, then rename it to `out_dir`. Returns the manifest.
-    `write_extra(staging)` writes further files (a carried-over optimizer state) before the manifest."""
+    `write_extra(staging)` writes further files (a carried-over optimizer state) before the manifest.
+    `max_shard_bytes`: shard the weights like a sharded base (see shard_limit); None: one file."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir, force=force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     try:
-        model.save_pretrained(staging)
+        model.save_pretrained(staging, max_shard_size=max_shard_bytes or ONE_FILE)
         tokenizer.save_pretrained(staging)
         write_json(staging / "tide_extension.json", extension)
         write_json(staging / "metrics.json", metrics)

@@ -162,9 +162,11 @@ def test_new_tokens_are_contiguous_and_start_at_base_means(family):
     for token in ext.new_tokens:
         assert token.token not in base_vocab
         assert ext.tokenizer.convert_tokens_to_ids(token.token) == token.id
-        # base_ids are the base tokenizer's own pieces of the token, which spell its text
+        # base_ids are the base tokenizer's own pieces of the token, which spell its text (an
+        # added token's content is its text: " term" where the pieces spell "▁term")
         assert len(token.base_ids) >= 2 and all(i < len(tokenizer) for i in token.base_ids)
-        assert "".join(tokenizer.convert_ids_to_tokens(token.base_ids)) == token.token
+        spelled = "".join(tokenizer.convert_ids_to_tokens(token.base_ids))
+        assert spelled == token.token or (token.token == token.text and spelled.replace("▁", " ") == token.text)
         assert ext.tokenizer.decode([ext.base_vocab_size - 1, token.id]).endswith(token.text)
         assert token.kind in ("form", "intermediate") and token.term in TERMS
         if token.kind == "intermediate":
@@ -226,14 +228,18 @@ def test_written_tokenizer_json_is_the_base_plus_the_new_entries(family):
     base = json.loads(tokenizer.backend_tokenizer.to_str())
     extended = json.loads(ext.tokenizer.backend_tokenizer.to_str())
     base_model, model = base.pop("model"), extended.pop("model")
-    added_ids = {t.forms[t.term] for t in ext.terms if t.mechanism == "added_token"}
+    added_ids = {i for t in ext.terms if t.mechanism == "added_token" for i in t.forms.values()}
     new_vocab = {t.token: t.id for t in ext.new_tokens if t.id not in added_ids}
-    assert new_vocab and list(model["vocab"].items()) == list(base_model["vocab"].items()) + list(new_vocab.items())
+    # Added tokens are written into the vocabulary too, at their ids, so none can ever move.
+    pinned = {t.token: t.id for t in ext.new_tokens if t.id in added_ids}
+    assert new_vocab and list(model["vocab"].items()) == (
+        list(base_model["vocab"].items()) + list(new_vocab.items()) + list(pinned.items()))
     assert model["merges"] == base_model["merges"] + [list(pair) for pair in ext.merges]
     base_added, added = base.pop("added_tokens"), extended.pop("added_tokens")
     assert added[: len(base_added)] == base_added
     assert [(t["id"], t["content"], t["single_word"], t["special"]) for t in added[len(base_added):]] == [
-        (t.id, t.token, True, False) for t in ext.new_tokens if t.id in added_ids
+        # the bare form only as a whole word; the form after a space wherever its text occurs
+        (t.id, t.token, not t.token.startswith(" "), False) for t in ext.new_tokens if t.id in added_ids
     ]
     for key in ("vocab", "merges"):
         del base_model[key], model[key]
@@ -366,7 +372,8 @@ def test_to_json_reports_terms_forms_and_counts(byte_level):
     counts = data["counts"]
     assert counts["terms_added"] == 3 and counts["skipped"] == 1
     assert counts["new_vocab_entries"] == len(ext.new_tokens) == counts["forms"] + counts["intermediates"]
-    assert counts["merges"] == len(ext.merges) >= counts["new_vocab_entries"] - 1
+    # C++ goes in as added tokens, its bare form and its form after a space: two entries, no merge
+    assert counts["merges"] == len(ext.merges) >= counts["new_vocab_entries"] - 2
     term = next(t for t in data["terms"] if t["term"] == "immunohistochemistry")
     assert term["mechanism"] == "merges" and set(term["forms"]) == {"immunohistochemistry", " immunohistochemistry"}
     assert term["forms"][" immunohistochemistry"]["token"] == "Ġimmunohistochemistry"
@@ -495,3 +502,83 @@ def test_non_bpe_tokenizers_get_added_tokens():
         extend_tokenizer(wordpiece, ["hexadecimal"], mechanism="merges")
     with pytest.raises(InvalidOptionError, match="need a BPE tokenizer"):
         extend_with_merges(wordpiece, [("a", "b")])
+
+
+# ---------------------------------------------------------------------------------------------
+# Ids: no old id ever moves (Llama 3 / Qwen keep special tokens after the BPE vocabulary)
+
+
+def _specials_after_the_vocabulary():
+    """A byte-level BPE whose special tokens are added tokens OUTSIDE its vocabulary, after it,
+    as Qwen 2's and Llama 3's tokenizer.json have them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(_foldoc(0, 200_000).split("\n"), trainers.BpeTrainer(
+        vocab_size=1000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>")
+
+
+def test_special_tokens_after_the_vocabulary_keep_their_ids():
+    tokenizer = _specials_after_the_vocabulary()
+    assert tokenizer.backend_tokenizer.get_vocab_size(with_added_tokens=False) == 1000
+    assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>"]) == [1000, 1001, 1002]
+    ext = extend_tokenizer(tokenizer, TERMS)
+    old, new = tokenizer.get_vocab(), ext.tokenizer.get_vocab()
+    assert {s: new[s] for s in old} == old  # every old token, the special ones included, at its id
+    assert len(set(new.values())) == len(new)  # no id has two tokens
+    assert [t.id for t in ext.new_tokens] == list(range(1003, 1003 + len(ext.new_tokens)))
+    assert ext.tokenizer.eos_token_id == 1000
+    chat = "<|im_start|>user\nhexadecimal<|im_end|><|endoftext|>"
+    assert ext.tokenizer(chat)["input_ids"][0] == 1001 and ext.tokenizer(chat)["input_ids"][-2:] == [1002, 1000]
+
+
+def test_new_ids_start_after_the_embedding_rows(byte_level):
+    ext = extend_tokenizer(byte_level, TERMS[:3], embedding_rows=len(byte_level) + 50)
+    assert ext.base_vocab_size == len(byte_level) + 50
+    assert [t.id for t in ext.new_tokens] == list(range(ext.base_vocab_size, ext.base_vocab_size + len(ext.new_tokens)))
+    for term in TERMS[:3]:
+        _assert_one_token(ext.tokenizer, ext, term)
+
+
+def test_an_added_token_term_is_one_token_after_a_space_too(byte_level):
+    ext = extend_tokenizer(byte_level, ["SARS-CoV-2"])  # the pre-tokenizer splits it: no merges reach it
+    found, ids = _form_ids(ext, "SARS-CoV-2")
+    assert found.mechanism == "added_token" and set(found.forms) == {"SARS-CoV-2", " SARS-CoV-2"}
+    _assert_one_token(ext.tokenizer, ext, "SARS-CoV-2")
+    text = "the SARS-CoV-2 virus (SARS-CoV-2)"
+    tokens = ext.tokenizer.tokenize(text)
+    assert "Ġ" not in tokens and " SARS-CoV-2" in tokens and "SARS-CoV-2" in tokens
+    assert ext.tokenizer.decode(ext.tokenizer(text)["input_ids"]) == text
+
+
+def _unigram():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(prepend_scheme="first")
+    tok.train_from_iterator(_foldoc(0, 100_000).split("\n"), trainers.UnigramTrainer(
+        vocab_size=600, special_tokens=["<unk>"], unk_token="<unk>", show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+
+
+def test_a_tokenizer_whose_new_ids_would_move_is_refused_before_any_weights():
+    from extension.errors import UnsupportedTokenizerError
+    from extension.tokenizer import check_extendable
+
+    unigram = _unigram()
+    check_extendable(unigram, embedding_rows=len(unigram))  # added tokens right after it: fine
+    ext = extend_tokenizer(unigram, ["hexadecimal"], embedding_rows=len(unigram))
+    assert [(t.token, t.id) for t in ext.new_tokens] == [("hexadecimal", len(unigram)), (" hexadecimal", len(unigram) + 1)]
+    with pytest.raises(UnsupportedTokenizerError, match=r"Unigram model\).*list whose next id is"):
+        check_extendable(unigram, embedding_rows=len(unigram) + 10)
+    with pytest.raises(UnsupportedTokenizerError, match="would change token ids"):
+        extend_tokenizer(unigram, ["hexadecimal"], embedding_rows=len(unigram) + 10)
+    with pytest.raises(UnsupportedTokenizerError, match=f"uses id {len(unigram) - 1} .* only {len(unigram) - 1} embedding rows"):
+        check_extendable(unigram, embedding_rows=len(unigram) - 1)

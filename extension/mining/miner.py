@@ -42,6 +42,7 @@ def mine_terms(
     should_cancel: Callable[[], bool] | None = None,
     corpus_name: str | None = None,
     on_progress: Callable[[int], None] | None = None,
+    embedding_rows: int | None = None,
 ) -> MiningResult:
     """Mine a corpus file (UTF-8 text, documents separated by blank lines, or JSONL).
     `corpus_name` is how the report names it (default: the file's name). `on_progress(read)`
@@ -61,7 +62,7 @@ def mine_terms(
     return _mine(
         tokenizer, documents, source={"file": path.name if corpus_name is None else corpus_name, "text_field": text_field},
         max_new_tokens=max_new_tokens, min_frequency=min_frequency, mining_unit=mining_unit,
-        filters=filters or MiningFilters(), should_cancel=should_cancel, param="corpus",
+        filters=filters or MiningFilters(), should_cancel=should_cancel, param="corpus", embedding_rows=embedding_rows,
     )
 
 
@@ -161,6 +162,7 @@ def _mine(
     filters: MiningFilters,
     should_cancel: Callable[[], bool] | None,
     param: str,
+    embedding_rows: int | None = None,
 ) -> MiningResult:
     from ..tokenizer import extend_with_merges, probe_text_unchanged
 
@@ -204,7 +206,7 @@ def _mine(
         merges = [(m.left, m.right) for m in continuation.merges]
         seconds["merge"] += round(time.perf_counter() - started, 3)
         started = time.perf_counter()
-        extended = extend_with_merges(tokenizer, merges)
+        extended = extend_with_merges(tokenizer, merges, embedding_rows=embedding_rows)
         seconds["extend"] += round(time.perf_counter() - started, 3)
         if not merges:
             check = None

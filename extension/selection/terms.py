@@ -313,7 +313,7 @@ def token_units(extended) -> list[Unit]:
     return units
 
 
-def merges_rebuilder(base_tokenizer, merges: list[tuple[str, str]]) -> Callable[[list[Unit]], object]:
+def merges_rebuilder(base_tokenizer, merges: list[tuple[str, str]], *, embedding_rows: int | None = None) -> Callable[[list[Unit]], object]:
     """Rebuild from the base with the kept units' merges, in their order, plus every earlier merge
     a kept one is built from."""
     from ..tokenizer import extend_with_merges
@@ -328,12 +328,14 @@ def merges_rebuilder(base_tokenizer, merges: list[tuple[str, str]]) -> Callable[
                 if part in made_by and part not in needed:
                     needed.add(part)
                     pending.append(part)
-        return extend_with_merges(base_tokenizer, [pair for pair in merges if pair[0] + pair[1] in needed])
+        return extend_with_merges(base_tokenizer, [pair for pair in merges if pair[0] + pair[1] in needed],
+                                  embedding_rows=embedding_rows)
 
     return rebuild
 
 
-def terms_rebuilder(base_tokenizer, *, max_term_chars: int) -> Callable[[list[Unit]], object]:
+def terms_rebuilder(base_tokenizer, *, max_term_chars: int, embedding_rows: int | None = None) -> Callable[[list[Unit]], object]:
     from ..tokenizer import extend_tokenizer
 
-    return lambda units: extend_tokenizer(base_tokenizer, [unit.name for unit in units], max_term_chars=max_term_chars)
+    return lambda units: extend_tokenizer(base_tokenizer, [unit.name for unit in units], max_term_chars=max_term_chars,
+                                          embedding_rows=embedding_rows)

@@ -12,7 +12,8 @@ One module an idea, in the order a term travels:
   contexts.py        the natural contexts a term must be one token in, and checking them
   merge_plan.py      planning the merges that join a term's pieces (an interval dynamic program)
   probe_text.py      llama.cpp's probe text, which must keep its ids
-  tokenizer_json.py  new ids, the extended tokenizer.json, loading it as a transformers tokenizer
+  tokenizer_json.py  new ids (after every id in use), the extended tokenizer.json, loading it
+                     as a transformers tokenizer, the checks that no old id moves
   extend.py          extend_tokenizer: the steps above, until every term checks out
   append_merges.py   the corpus miner's entry points: append merges it chose
   results.py         ExtendedTokenizer and the records in it
@@ -24,6 +25,7 @@ from .extend import MECHANISMS, extend_tokenizer
 from .probe_text import LLAMA_CPP_PROBE_TEXT, probe_text_unchanged
 from .results import ExtendedTokenizer, NewToken, SkippedTerm, TermExtension
 from .terms import clean_terms, read_terms_file
+from .tokenizer_json import check_extendable
 
 __all__ = [
     "LLAMA_CPP_PROBE_TEXT",
@@ -34,6 +36,7 @@ __all__ = [
     "NewToken",
     "SkippedTerm",
     "TermExtension",
+    "check_extendable",
     "clean_terms",
     "extend_tokenizer",
     "extend_with_merges",

@@ -9,17 +9,17 @@ from .base_view import BaseView
 from .merge_plan import MergePlan, MergeTable
 from .probe_text import merges_fired_in_probe
 from .results import ExtendedTokenizer, NewToken, TermExtension
-from .tokenizer_json import assign_ids, build_tokenizer
+from .tokenizer_json import assign_ids, build_tokenizer, check_ids
 
 
-def extend_with_merges(tokenizer, merges: Sequence[tuple[str, str]]) -> ExtendedTokenizer:
+def extend_with_merges(tokenizer, merges: Sequence[tuple[str, str]], *, embedding_rows: int | None = None) -> ExtendedTokenizer:
     """Append `merges` (lowest priority, in order) to a BPE tokenizer and record the new tokens.
 
     Each merge's parts must be base tokens or results of earlier merges in the list, and no
     result may be a base token. Every new string is reported as a "form" whose term is the text
-    it stands for.
+    it stands for. New ids start at BaseView.first_new_id (after `embedding_rows`, if given).
     """
-    view = BaseView(tokenizer)
+    view = BaseView(tokenizer, embedding_rows=embedding_rows)
     if not view.is_bpe:
         raise InvalidOptionError(
             f"new merges need a BPE tokenizer, but this one is {view.algorithm!r}",
@@ -46,6 +46,7 @@ def extend_with_merges(tokenizer, merges: Sequence[tuple[str, str]]) -> Extended
         table.add(left, right)
     new_vocab = assign_ids(view, MergePlan(table), [])
     extended = build_tokenizer(view, new_vocab)
+    check_ids(view, extended, new_vocab)
     new_tokens, terms = [], []
     for string, token_id in new_vocab.merge_token_ids.items():
         text = view.decode_bpe_string(string)
@@ -55,7 +56,7 @@ def extend_with_merges(tokenizer, merges: Sequence[tuple[str, str]]) -> Extended
                                    original_pieces={text: [p for p, _ in pieces]}, intermediates=[]))
     return ExtendedTokenizer(
         tokenizer=extended,
-        base_vocab_size=view.size,
+        base_vocab_size=view.first_new_id,
         terms=terms,
         new_tokens=new_tokens,
         skipped=[],

@@ -32,7 +32,7 @@ class Form:
 class BaseView:
     """The base tokenizer, read once. Nothing here changes it."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, *, embedding_rows: int | None = None):
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is None or not getattr(tokenizer, "is_fast", False):
             raise ModelNotFoundError(
@@ -47,11 +47,18 @@ class BaseView:
         self._subword = backend.model
         self.algorithm = type(self._subword).__name__
         self.is_bpe = self.algorithm == "BPE"
-        self.size = len(tokenizer)
         self.vocab: dict[str, int] = backend.get_vocab(with_added_tokens=False) if self.is_bpe else {}
         self.byte_fallback = bool(self._subword.byte_fallback) if self.is_bpe else False
         self.unk = self._subword.unk_token if self.is_bpe else None
-        self.added_contents = {token.content for token in backend.get_added_tokens_decoder().values()}
+        self.added_tokens = dict(backend.get_added_tokens_decoder())  # id -> AddedToken
+        self.added_contents = {token.content for token in self.added_tokens.values()}
+        self.ids_in_use = dict(backend.get_vocab(with_added_tokens=True))  # every string -> id the base has
+        # New entries take ids after EVERY id already in use: the vocabulary, the added tokens
+        # (Llama 3 and Qwen keep their special tokens after the BPE vocabulary) and the
+        # embedding rows no token uses yet (Qwen's embedding has more rows than its tokenizer has
+        # tokens). No old id ever moves.
+        in_use_end = max(self.ids_in_use.values(), default=-1) + 1
+        self.first_new_id = max(in_use_end, len(tokenizer), embedding_rows or 0)
         self._normalizer = backend.normalizer
         self._pre_tokenizer = backend.pre_tokenizer
         self._decoder = backend.decoder
@@ -60,6 +67,8 @@ class BaseView:
         # start of a text, so the string after it is seen as it is in mid-text.
         self._lead_letter = "".join(self.pretokens("a"))
         self._lead_letter_text = self._decoder.decode([self._lead_letter]) if self._decoder else self._lead_letter
+        # Whether a space before an added token would be left as a token of its own.
+        self.space_is_a_token = len(self.text_ids("a ")) > len(self.text_ids("a"))
 
     def pretokens(self, text: str) -> list[str]:
         """`text` normalized and split into pre-tokens (words), as BPE strings."""

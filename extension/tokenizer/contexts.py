@@ -68,8 +68,8 @@ def terms_failing_in_context(
         space_id = form_ids.get(" " + term, start_id)
         checks.extend((term, text, token_id) for text, token_id in _expected_ids(term, start_id, space_id))
     for term in new_vocab.added_terms:
-        token_id = new_vocab.added_token_ids[term]
-        checks.extend((term, text, token_id) for text, token_id in _expected_ids(term, token_id, token_id))
+        forms = new_vocab.added_forms(term)
+        checks.extend((term, text, token_id) for text, token_id in _expected_ids(term, forms[term], forms.get(" " + term, forms[term])))
     if not checks:
         return {}
     texts = [text for _, text, _ in checks]
@@ -83,7 +83,7 @@ def terms_failing_in_context(
     # base tokenizer gives back. Merge tokens are concatenations of base pieces and decode like them.
     added = [
         (i, check) for i, check in enumerate(checks)
-        if check[0] in new_vocab.added_token_ids and check[0] not in failures
+        if check[0] in new_vocab.added_terms and check[0] not in failures
     ]
     if added:
         back = backend.decode_batch([encoded[i] for i, _ in added], skip_special_tokens=False)

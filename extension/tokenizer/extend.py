@@ -24,21 +24,24 @@ from .probe_text import (
 )
 from .results import ExtendedTokenizer, NewToken, SkippedTerm, TermExtension
 from .terms import clean_terms
-from .tokenizer_json import NewVocab, assign_ids, build_tokenizer
+from .tokenizer_json import NewVocab, assign_ids, build_tokenizer, check_ids
 
 MECHANISMS = ("auto", "merges", "added_tokens")
 
 
-def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 64, mechanism: str = "auto") -> ExtendedTokenizer:
+def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 64, mechanism: str = "auto",
+                     embedding_rows: int | None = None) -> ExtendedTokenizer:
     """Add `terms` so each becomes one token in its natural forms. The base tokenizer is not changed.
 
     mechanism: "auto" (merges where they provably work, else added tokens), "merges" (error for a
     term merges cannot serve), "added_tokens" (every term as a word-boundary added token).
+    embedding_rows: the model's embedding rows; new ids start after them and after every id the
+    tokenizer uses (see BaseView.first_new_id).
     """
     if mechanism not in MECHANISMS:
         raise InvalidOptionError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}", param="mechanism")
     kept, skipped = clean_terms(terms, max_term_chars=max_term_chars)
-    view = BaseView(tokenizer)
+    view = BaseView(tokenizer, embedding_rows=embedding_rows)
     if mechanism == "merges" and not view.is_bpe:
         raise InvalidOptionError(
             f"mechanism 'merges' needs a BPE tokenizer, but this one is {view.algorithm!r}; "
@@ -137,6 +140,7 @@ def _build_until_verified(view: BaseView, routing: _Routing) -> tuple[object, Ne
         _drop_unusable_added_tokens(view, plan, routing)
         new_vocab = assign_ids(view, plan, routing.added_token_terms())
         extended = build_tokenizer(view, new_vocab)
+        check_ids(view, extended, new_vocab)
         backend = extended.backend_tokenizer
         failures = terms_failing_in_context(backend, new_vocab, view, routing.candidates)
         in_probe = terms_in_probe(backend, new_vocab, view)
@@ -215,9 +219,10 @@ def _result(
             kind="form" if is_form else "intermediate",
             term=form_owner[string] if is_form else plan.creator.get(string),
         ))
-    for term, token_id in new_vocab.added_token_ids.items():
-        base_ids = [i for _, i in view.mid_word_pieces(term)] if view.is_bpe else view.text_ids(term)
-        new_tokens.append(NewToken(id=token_id, token=term, text=term, base_ids=base_ids, kind="form", term=term))
+    for term in new_vocab.added_terms:
+        for text, token_id in new_vocab.added_forms(term).items():
+            new_tokens.append(NewToken(id=token_id, token=text, text=text, base_ids=[i for _, i in _added_pieces(view, text)],
+                                       kind="form", term=term))
     new_tokens.sort(key=lambda t: t.id)
 
     intermediates_of: dict[str, list[str]] = {}
@@ -236,19 +241,27 @@ def _result(
                 existing_forms=dict(cand.existing),
             ))
         else:
+            forms = new_vocab.added_forms(term)
             terms.append(TermExtension(
                 term=term, mechanism="added_token",
-                forms={term: new_vocab.added_token_ids[term]},
-                original_pieces={term: [p for p, _ in view.mid_word_pieces(term)] if view.is_bpe else view.text_tokens(term)},
+                forms=forms,
+                original_pieces={text: [p for p, _ in _added_pieces(view, text)] for text in forms},
                 intermediates=[],
                 existing_forms=dict(cand.existing),
                 fallback_reason=cand.fallback_reason,
             ))
     return ExtendedTokenizer(
         tokenizer=extended,
-        base_vocab_size=view.size,
+        base_vocab_size=view.first_new_id,
         terms=terms,
         new_tokens=new_tokens,
         skipped=skipped,
         merges=list(plan.table.merges),
     )
+
+
+def _added_pieces(view: BaseView, text: str) -> list[tuple[str, int]]:
+    """The base pieces an added token stands in for, as (token string, id)."""
+    if view.is_bpe:
+        return view.mid_word_pieces(text)
+    return list(zip(view.text_tokens(text), view.text_ids(text)))

@@ -72,7 +72,7 @@ def terms_in_probe(backend, new_vocab: NewVocab, view: BaseView) -> set[str]:
     ids = backend.encode(LLAMA_CPP_PROBE_TEXT, add_special_tokens=False).ids
     if ids == view.backend.encode(LLAMA_CPP_PROBE_TEXT, add_special_tokens=False).ids:
         return set()
-    owners = {token_id: term for term, token_id in new_vocab.added_token_ids.items()}
+    owners = {token_id: term for term in new_vocab.added_terms for token_id in new_vocab.added_forms(term).values()}
     for term, forms in new_vocab.plan.term_forms.items():
         for bpe_string in forms.values():
             owners[new_vocab.merge_token_ids[bpe_string]] = term

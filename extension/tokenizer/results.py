@@ -40,7 +40,7 @@ class SkippedTerm:
 @dataclass
 class ExtendedTokenizer:
     tokenizer: Any  # a transformers fast tokenizer, ready to save_pretrained
-    base_vocab_size: int  # len(base tokenizer); new ids are base_vocab_size, +1, ...
+    base_vocab_size: int  # the first new id: every id below is the base's (tokens and embedding rows alike)
     terms: list[TermExtension]
     new_tokens: list[NewToken]  # sorted by id, ids contiguous from base_vocab_size
     skipped: list[SkippedTerm]
