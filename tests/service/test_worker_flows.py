@@ -212,3 +212,24 @@ def _wait_for_log(worker, text: str, timeout: float) -> None:
             return
         time.sleep(0.3)
     raise AssertionError(f"worker log never said {text!r}:\n{worker.log_tail()}")
+
+
+def test_a_model_with_special_tokens_after_its_vocabulary_keeps_their_ids(client, auth, worker, tmp_path, service_settings,
+                                                                           model_sources):
+    """Qwen 2's own layout (special tokens as added tokens after the BPE vocabulary, an embedding
+    padded past the tokenizer), untied, through the API and the worker: every check of the
+    model-family matrix holds on the downloaded folder."""
+    from tests.model_families import CASES, TERMS as FAMILY_TERMS, base_checkpoint, check_published
+
+    case = next(case for case in CASES if case.family == "qwen2-original")
+    base = base_checkpoint(case, model_sources)
+    name = "qwen2-layout"
+    link = service_settings.resolved_models_dir / name
+    if not link.exists():
+        link.symlink_to(base, target_is_directory=True)
+    job = _submit(client, auth, {"base_model": name, "terms": FAMILY_TERMS, "training": {"steps": 0}, "evaluation": QUICK_EVAL})
+    done = wait_for_status(client, auth, job["id"], {"succeeded", "failed", "cancelled"}, 300, worker)
+    assert done["status"] == "succeeded", (done["error"], worker.log_tail())
+    root = _unpack_and_verify(client, auth, done, tmp_path)
+    failed = {check: why for check, why in check_published(case, base, root).items() if why not in ("", "n/a")}
+    assert not failed, failed

@@ -1,0 +1,179 @@
+"""Does `tide extend` work on the model families users bring? (issue 23, "Prove")
+
+Runs every case of tests/model_families.py — real tokenizers of Llama 3 (GGUF conversion and the
+original layout with `ignore_merges`), Qwen 2 (both layouts, the original with an embedding
+padded past its tokenizer), Llama 2 / Mistral, Phi-3, DeepSeek LLM and Coder, Falcon, GPT-2 and
+the two built-ins; tiny random models of Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3, Qwen3-MoE
+and Mixtral; tied and untied, fp32 and bf16, one file and sharded — through `tide extend`, checks
+each published folder (tests/model_families.check_published) and converts it with llama.cpp's own
+`convert_hf_to_gguf.py` (from the llama-cpp-python sdist), reading the GGUF back to find every new
+token at its id.
+
+    .venv/bin/python benchmarks/model_families.py [--cases SUBSTRING ...] [--out benchmarks/results/model_families.md]
+
+Writes the .md table and a .json beside it. Seconds are wall time of the `tide extend` call alone
+(in one process, imports paid before the first case), on whatever else the machine was doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.model_families import (  # noqa: E402
+    CASES, FAMILIES, SDIST, TERMS, base_checkpoint, check_published, corpus_text, extend_args, llama_cpp_dir,
+)
+
+CHECKS = ["loads", "old_ids", "old_rows", "one_token", "same_ids_on_plain_text", "decodes", "layout",
+          "llama_cpp_pre_tokenizer"]
+RESULTS = REPO / "benchmarks" / "results" / "model_families.md"
+
+
+def convert_to_gguf(published: Path, outfile: Path) -> dict:
+    """llama.cpp's converter on a published folder: did it convert, which pre-tokenizer did it
+    record, and is every new token at its id in the GGUF's vocabulary?"""
+    root = llama_cpp_dir()
+    env = {"PYTHONPATH": f"{root / 'gguf-py'}:{root}", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "HOME": "/tmp"}
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(root / "convert_hf_to_gguf.py"), str(published), "--outfile", str(outfile),
+                           "--outtype", "f32"], env=env, capture_output=True, text=True)
+    seconds = round(time.perf_counter() - started, 1)
+    if proc.returncode != 0:
+        last = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()][-1:]
+        return {"converted": False, "seconds": seconds, "error": (last[0] if last else "")[:300]}
+    sys.path.insert(0, str(root / "gguf-py"))
+    from gguf import GGUFReader
+
+    reader = GGUFReader(outfile)
+
+    def strings(key):
+        field = reader.fields[key]
+        return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
+
+    tokens = strings("tokenizer.ggml.tokens")
+    extension = json.loads((published / "tide_extension.json").read_text())
+    at_id = sum(1 for t in extension["new_tokens"] if t["id"] < len(tokens) and tokens[t["id"]] in (t["token"], t["text"]))
+    pre = strings("tokenizer.ggml.pre")[0] if "tokenizer.ggml.pre" in reader.fields else None
+    return {"converted": True, "seconds": seconds, "pre_tokenizer": pre, "model": strings("tokenizer.ggml.model")[0],
+            "new_tokens_at_their_ids": f"{at_id}/{len(extension['new_tokens'])}"}
+
+
+def run_case(case, folder: Path, terms_file: Path, corpus_file: Path, model_sources) -> dict:
+    from app.cli import main
+
+    base = base_checkpoint(case, model_sources)
+    out = folder / case.id
+    started = time.perf_counter()
+    code = main(extend_args(case, base, out, terms_file, corpus_file))
+    seconds = round(time.perf_counter() - started, 1)
+    row = {"case": case.id, "family": case.family, "architecture": case.architecture, "tied": case.tied,
+           "dtype": case.dtype, "sharded": case.sharded, "padded_rows": case.padded_rows, "trained": case.train,
+           "exit_code": code, "seconds": seconds}
+    if code != 0:
+        return row
+    extension = json.loads((out / "tide_extension.json").read_text())
+    row["checks"] = check_published(case, base, out)
+    row["vocab"] = extension["vocab"]
+    row["terms"] = {t["term"]: t["mechanism"] for t in extension["terms"]}
+    row["skipped"] = {s["term"]: s["detail"] for s in extension["skipped"]}
+    row["gguf"] = convert_to_gguf(out, folder / f"{case.id}.gguf")
+    return row
+
+
+def mark(value: str) -> str:
+    return "pass" if value == "" else ("n/a" if value == "n/a" else "FAIL")
+
+
+def report(payload: dict) -> str:
+    lines = [
+        "# Model families through `tide extend`",
+        "",
+        f"Command: `{payload['command']}`",
+        "",
+        f"Tokenizers: llama.cpp's vocab-only GGUF test files from `{SDIST}`, converted by transformers; "
+        "`-original` = the family's own layout (special tokens only as added tokens after the BPE vocabulary; "
+        "Llama 3 with `ignore_merges`). Weights: tiny random models (2 layers, hidden 32) of the named class. "
+        f"Terms: {', '.join(TERMS)}. `--steps 0`, or 2 steps on FOLDOC text with every term kept where 'trained'.",
+        "",
+        "| case | architecture | tied | dtype | shards | padded rows | " + " | ".join(CHECKS) + " | GGUF (llama.cpp) | first new id | s |",
+        "| --- | --- | --- | --- | --- | ---: | " + " | ".join("---" for _ in CHECKS) + " | --- | --- | ---: |",
+    ]
+    for row in payload["rows"]:
+        head = (f"| {row['family']}{' (trained)' if row['trained'] else ''} | {row['architecture']} | "
+                f"{'tied' if row['tied'] else 'untied'} | {row['dtype']} | {'3+' if row['sharded'] else '1'} | {row['padded_rows']} | ")
+        if row["exit_code"] != 0:
+            lines.append(head + " | ".join("-" for _ in CHECKS) + f" | exit {row['exit_code']} | - | {row['seconds']} |")
+            continue
+        gguf = row["gguf"]
+        converted = f"pre `{gguf['pre_tokenizer']}`" if gguf["converted"] else "refused"
+        lines.append(head + " | ".join(mark(row["checks"][c]) for c in CHECKS)
+                     + f" | {converted} | {row['vocab']['base_vocab_size']:,} | {row['seconds']} |")
+    failures = [(row["case"], check, why) for row in payload["rows"] if row["exit_code"] == 0
+                for check, why in row["checks"].items() if why not in ("", "n/a")]
+    lines += ["", f"Cases: {len(payload['rows'])}; failed checks: {len(failures)}."]
+    lines += [f"- {case}: {check}: {why}" for case, check, why in failures]
+    lines += ["", "Where GGUF conversion was refused, llama.cpp's message:"]
+    lines += [f"- {row['family']}: {row['gguf']['error']}" for row in payload["rows"]
+              if row["exit_code"] == 0 and not row["gguf"]["converted"]]
+    lines += ["", "New tokens at their ids in the converted GGUF (token or text):"]
+    lines += [f"- {row['family']}: {row['gguf']['new_tokens_at_their_ids']}" for row in payload["rows"]
+              if row["exit_code"] == 0 and row["gguf"]["converted"]]
+    lines += ["", "Terms a family could not take as one token, and why:"]
+    lines += [f"- {row['family']}: {term}: {why}" for row in payload["rows"] if row["exit_code"] == 0
+              for term, why in row["skipped"].items()] or ["- none"]
+    lines += ["", f"Machine: {payload['machine']}."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="*", default=[], help="run only cases whose id contains one of these")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--report", type=Path, help="rewrite the .md from an existing .json and stop")
+    args = parser.parse_args()
+    if args.report:
+        payload = json.loads(args.report.read_text())
+        args.report.with_suffix(".md").write_text(report(payload))
+        return 0
+    from extension.models import ModelSources
+
+    os.environ.setdefault("TIDE_CACHE_DIR", str(REPO / ".cache"))
+    sources = ModelSources(cache_dir=Path(os.environ["TIDE_CACHE_DIR"]))
+    import torch
+    import transformers
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tide-families-") as tmp:
+        folder = Path(tmp)
+        (folder / "terms.txt").write_text("\n".join(TERMS) + "\n", encoding="utf-8")
+        (folder / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
+        for case in CASES:
+            if args.cases and not any(part in case.id for part in args.cases):
+                continue
+            rows.append(run_case(case, folder, folder / "terms.txt", folder / "corpus.txt", sources))
+            print(json.dumps({k: rows[-1].get(k) for k in ("case", "exit_code", "seconds", "checks", "gguf")}), flush=True)
+    payload = {
+        "command": "python benchmarks/model_families.py" + (f" --cases {' '.join(args.cases)}" if args.cases else ""),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, transformers {transformers.__version__}",
+        "families": {name: {"gguf": f.gguf, "layout": f.layout} for name, f in FAMILIES.items()},
+        "rows": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(payload, indent=2, ensure_ascii=False, default=sorted))
+    args.out.write_text(report(payload))
+    print(report(payload))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Every model family of tests/model_families.py through `tide extend`: real tokenizers of
+Llama 3, Qwen 2, Llama 2 / Mistral, Phi-3, DeepSeek, Falcon, GPT-2 and the built-ins, tiny random
+models of their architectures, tied and untied, fp32 and bf16, one file and sharded, padded
+embeddings. Each published folder must pass every check of `check_published`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.cli import main
+from tests.model_families import CASES, TERMS, base_checkpoint, check_published, corpus_text, extend_args
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("family-inputs")
+    (folder / "terms.txt").write_text("\n".join(TERMS) + "\n", encoding="utf-8")
+    (folder / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
+    return folder / "terms.txt", folder / "corpus.txt"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_a_family_is_extended_without_moving_an_old_id(case, inputs, cli_env, model_sources, tmp_path):
+    terms_file, corpus_file = inputs
+    base = base_checkpoint(case, model_sources)
+    out = tmp_path / "out"
+    assert main(extend_args(case, base, out, terms_file, corpus_file)) == 0
+    failed = {check: why for check, why in check_published(case, base, out).items() if why not in ("", "n/a")}
+    assert not failed, failed
+    extension = json.loads((out / "tide_extension.json").read_text())
+    assert {term["term"] for term in extension["terms"]} | {s["term"] for s in extension["skipped"]} == set(TERMS)
+
+
+def test_a_tokenizer_the_model_cannot_hold_is_refused_before_its_weights_are_read(inputs, cli_env, model_sources, tmp_path):
+    """A tokenizer with ids past the model's embedding rows: exit 2, the problem named, nothing
+    written — and no weights read (there are none to read)."""
+    import shutil
+
+    terms_file, _ = inputs
+    case = next(case for case in CASES if case.family == "smollm2")
+    base = tmp_path / "base"
+    shutil.copytree(base_checkpoint(case, model_sources), base)
+    for weights in base.glob("*.safetensors"):
+        weights.unlink()
+    config = json.loads((base / "config.json").read_text())
+    config["vocab_size"] = 49_000
+    (base / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    assert main(["extend", "--base-model", str(base), "--terms", str(terms_file), "--steps", "0", "--out", str(out)]) == 2
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["base"]
