@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .identity import run_identity
 from .rows import IGNORE_INDEX, RowsAdapter
 
 OBJECTIVES = ("distill", "lm")
@@ -109,8 +110,6 @@ def term_contexts(model, extended, *, per_term: int = 4, max_new_tokens: int = 6
                   work_dir: Path | None = None, should_cancel=None, on_progress=None) -> list[str]:
     """generate_texts, cached in work_dir so a resumed job trains on the very same texts (the
     cache key holds the base model's identity too: another model's texts are never reused)."""
-    from .train import run_identity
-
     key = hashlib.sha256(json.dumps(
         [[t.term for t in extended.terms], per_term, max_new_tokens, seed, extended.base_vocab_size,
          run_identity(model, extended)]
@@ -182,11 +181,11 @@ class TermContextObjective:
         hidden = adapter.hidden(student)  # right padding: causal attention never sees the pads
         if self.objective == "lm":
             return adapter.loss_sum(hidden, targets)
-        return adapter.soft_loss_sum(hidden, self._teacher_targets(adapter, contexts, student.shape[1])), int(
+        return adapter.soft_loss_sum(hidden, self.teacher_targets(adapter, contexts, student.shape[1])), int(
             (targets != IGNORE_INDEX).sum())
 
     @torch.no_grad()
-    def _teacher_targets(self, adapter: RowsAdapter, contexts: list[Context], width: int):
+    def teacher_targets(self, adapter: RowsAdapter, contexts: list[Context], width: int):
         """A function (start, end) -> (p_old, p_new) over the flattened student positions, on the
         head's device (where the loss runs)."""
         teacher_ids = self._pad([c.teacher for c in contexts], adapter.input_rows.device)

@@ -28,7 +28,8 @@ from .errors import InvalidCorpusError, InvalidOptionError, UnsupportedCheckpoin
 from .init import apply_rows
 from .optimizer_state import grow_live_optimizer, vocab_parameters
 from .options import defaults_for_device
-from .pipeline import new_vocabulary, validate_spec
+from .job_plan import validate_spec
+from .pipeline import new_vocabulary
 from .spec import Callbacks, ExtendSpec
 
 

@@ -15,10 +15,10 @@ import torch
 
 from . import corpus as corpus_io
 from .card import model_card
-from .errors import InvalidCorpusError, InvalidOptionError, InvalidTermsError, JobCancelled
-from .options import check_options, defaults_for_device
-from .models import ModelSources, load_model, load_tokenizer, resolve_model
-from .publish import check_output_dir, publish, shard_limit
+from .errors import InvalidCorpusError, InvalidTermsError, JobCancelled
+from .job_plan import JobPlan, corpus_label, offload_folder, plan_inputs, plan_model
+from .models import ModelSources, load_model
+from .publish import publish
 from .spec import STAGES, Callbacks, ExtendSpec  # noqa: F401  (STAGES: the order run() follows)
 
 DEFAULT_SOURCES = ModelSources(cache_dir=Path.home() / ".cache" / "tide")
@@ -47,13 +47,6 @@ class PipelineResult:
         return "\n".join(lines)
 
 
-def validate_spec(spec: ExtendSpec) -> None:
-    """Cheap checks that need no model; the context-length limit is checked after loading."""
-    if not spec.terms and spec.corpus_path is None:
-        raise InvalidOptionError("give terms, a corpus, or both", param="terms")
-    check_options(spec)
-
-
 class _Stages:
     """Announce stages, time them, and honour cancellation between them."""
 
@@ -77,138 +70,147 @@ class _Stages:
 
 
 def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSources | None = None) -> PipelineResult:
-    from . import devices as job_devices
-    from .evaluate import compare, evaluate_model, load_general_text
-    from .init import apply_rows
+    """The job, stage by stage. Every decision that needs no weights is made first, in the plan."""
     from .optimizer_state import trainer_checkpoint
-    from .score_cache import ScoreCache
 
     callbacks = callbacks or Callbacks()
     sources = sources or DEFAULT_SOURCES
-    validate_spec(spec)
-    placement = job_devices.resolve_placement(spec.device, spec.device_map)  # one device decision per job
-    device_defaults = defaults_for_device(spec, placement.device.type)
-    spec = replace(spec, **device_defaults)
-    check_output_dir(spec.out_dir, force=spec.force)
-    corpus_documents = 0
-    if spec.corpus_path is not None:
-        corpus_documents, _bytes = corpus_io.check_corpus(spec.corpus_path, text_field=spec.corpus_text_field, label=_corpus_label(spec))
     stages = _Stages(callbacks)
-    torch.manual_seed(spec.seed)
+    plan = plan_inputs(spec)  # options, output folder, corpus, device
+    torch.manual_seed(plan.spec.seed)
 
     stages.enter("load")
-    resolved = resolve_model(spec.base_model, sources, allow_local_paths=spec.allow_local_paths)
-    tokenizer = load_tokenizer(resolved, sources)
-    from .train import TrainConfig, max_positions
-
-    # Before a byte of weights is read: the tokenizer's layout, the context limit, then whether
-    # the job fits its device.
-    memory, stored_dtype = _plan_memory(spec, resolved, sources, placement, tokenizer)
-    callbacks.on_event("memory_plan", memory.to_json())
-    model = load_model(resolved, sources, placement=placement, offload_folder=_offload_folder(placement, callbacks)).eval()
-    model.requires_grad_(False)
-    job_devices.check_spread(model)
-    devices = {"load": job_devices.describe(model)}
-    TrainConfig.from_spec(spec).validate(max_positions=max_positions(model))
-
+    plan = plan_model(plan, sources)  # tokenizer, config, dtype, memory: no weights read yet
+    callbacks.on_event("memory_plan", plan.memory.to_json())
+    model = _load_model(plan, sources, callbacks)
     # A Trainer checkpoint as the base: checked now (layout, optimizer kind), carried at publish.
-    run_checkpoint = trainer_checkpoint(resolved.path, model) if resolved.kind in ("local", "models_dir") else None
+    run_checkpoint = trainer_checkpoint(plan.resolved.path, model) if plan.resolved.kind in ("local", "models_dir") else None
 
-    vocabulary = new_vocabulary(spec, model, tokenizer, callbacks, stages, corpus_documents=corpus_documents)
-    extended, mined, rows = vocabulary.extended, vocabulary.mined, vocabulary.rows
-    tokenizer_report = extended.to_json()
-    trained = vocabulary.trained
-    history = trained.history if trained else []
-    steps_done = trained.steps_done if trained else 0
+    vocabulary = new_vocabulary(plan.spec, model, plan.tokenizer, callbacks, stages, corpus_documents=plan.corpus_documents)
 
     stages.enter("evaluate")
+    metrics, init_report = _evaluate(plan, model, vocabulary, callbacks, sources, stages)
+
+    stages.enter("publish")
+    result = _publish(plan, model, vocabulary, metrics, init_report, run_checkpoint, sources)
+    stages.close()
+    return replace(result, seconds=stages.seconds)
+
+
+def _load_model(plan: JobPlan, sources: ModelSources, callbacks: Callbacks):
+    """The base model, straight onto its device in its compute dtype, frozen."""
+    from . import devices as job_devices
+    from .train import TrainConfig, max_positions
+
+    model = load_model(plan.resolved, sources, placement=plan.placement,
+                       offload_folder=offload_folder(plan, callbacks.work_dir)).eval()
+    model.requires_grad_(False)
+    job_devices.check_spread(model)
+    TrainConfig.from_spec(plan.spec).validate(max_positions=max_positions(model))
+    return model
+
+
+def _evaluate(plan: JobPlan, model, vocabulary: "NewVocabulary", callbacks: Callbacks, sources: ModelSources,
+              stages: "_Stages") -> tuple[dict, dict]:
+    """Before/after on the test split and general text, with the published rows applied in
+    between (padding rows placed and measured). Returns (metrics, the rows' init report)."""
+    from . import devices as job_devices
+    from .evaluate import compare, evaluate_model, load_general_text
+    from .init import apply_rows
+    from .score_cache import ScoreCache
+
+    spec, extended = plan.spec, vocabulary.extended
     job_devices.release_cached_memory(job_devices.model_device(model))
-    on_model = job_devices.describe(model)
-    devices.update({name: {"device": "cpu", "dtype": None, "work": "tokenizer"} for name in ("mine", "extend") if name in stages.seconds})
-    devices.update({name: dict(on_model) for name in ("init", "generate", "train") if name in stages.seconds})
-    if trained:
-        devices["train"]["rows_dtype"] = "float32"
     general = load_general_text()
-    held_out = _held_out_docs(spec)
-    new_ids = [t.id for t in extended.new_tokens]
+    held_out = _held_out_docs(plan)
     # The base model's scores of this text are kept across jobs (extension/score_cache.py).
     score_cache = ScoreCache.for_model(Path(sources.cache_dir) / "scores", model)
+    common = dict(max_bytes=spec.eval_max_bytes, batch_tokens=plan.eval_batch_tokens)
     # Two passes over the same chunks (before, then after): one progress bar across both.
-    before = evaluate_model(model, tokenizer, held_out, general, max_bytes=spec.eval_max_bytes, score_cache=score_cache,
+    before = evaluate_model(model, plan.tokenizer, held_out, general, score_cache=score_cache, **common,
                             on_progress=lambda done, total: callbacks.on_progress(done, 2 * total, {"unit": "chunks"}))
-    calibration = _calibration_ids(tokenizer, general)
-    init_report = apply_rows(
-        model, rows, base_vocab_size=extended.base_vocab_size,
-        pad_to_multiple_of=spec.pad_to_multiple_of, calibration_ids=calibration,
-    )
+    init_report = apply_rows(model, vocabulary.rows, base_vocab_size=extended.base_vocab_size,
+                             pad_to_multiple_of=spec.pad_to_multiple_of, calibration_ids=_calibration_ids(plan.tokenizer, general))
     if init_report.get("padding_probability_ok") is False:
         callbacks.on_warning(
             f"padding rows take up to {init_report['padding_probability_max']:.2e} of the probability "
             "on general text (limit 1e-4); generation_config.suppress_tokens lists them"
         )
-    after = evaluate_model(model, extended.tokenizer, held_out, general, new_token_ids=new_ids, max_bytes=spec.eval_max_bytes,
-                           on_progress=lambda done, total: callbacks.on_progress(total + done, 2 * total, {"unit": "chunks"}))
-    devices["evaluate"] = dict(on_model)
-    devices["padding_calibration"] = job_devices.describe(model)
+    after = evaluate_model(model, extended.tokenizer, held_out, general, new_token_ids=[t.id for t in extended.new_tokens],
+                           **common, on_progress=lambda done, total: callbacks.on_progress(total + done, 2 * total, {"unit": "chunks"}))
+    on_model = job_devices.describe(model)
     metrics = {
         "before": before,
         "after": after,
         "comparison": compare(before, after),
         "padding": {k: v for k, v in init_report.items() if k != "padding_ids"},
-        "training": {"steps": steps_done, "history": history},
+        "training": {"steps": vocabulary.trained.steps_done if vocabulary.trained else 0,
+                     "history": vocabulary.trained.history if vocabulary.trained else []},
         "selection": {k: v for k, v in vocabulary.selection.items() if k != "effects"},
-        "devices": devices,
-        "memory_plan": memory.to_json(),
+        "devices": {"load": on_model, **_stage_devices(stages, on_model, trained=vocabulary.trained is not None),
+                    "evaluate": dict(on_model), "padding_calibration": dict(on_model)},
+        "memory_plan": plan.memory.to_json(),
         "evaluation_cache": {"before": score_cache.report()},
     }
     callbacks.on_event("metrics", {"comparison": metrics["comparison"]})
+    return metrics, init_report
 
-    stages.enter("publish")
-    # The published weights are in the base checkpoint's dtype with the old rows bit-identical to
-    # its files: the job's model when it holds exactly those (a CPU job), else the checkpoint
-    # loaded again on the CPU with the same rows written in (a bf16 GPU job of an fp32 checkpoint,
-    # or a model spread with weights offloaded).
-    model = _publishable(model, resolved, sources, stored_dtype, rows, extended.base_vocab_size, spec.pad_to_multiple_of)
-    devices["publish"] = job_devices.describe(model)
+
+def _publish(plan: JobPlan, model, vocabulary: "NewVocabulary", metrics: dict, init_report: dict, run_checkpoint,
+             sources: ModelSources) -> PipelineResult:
+    """Write the checkpoint, adapter, tokenizer, card and manifest. The published weights are in
+    the base checkpoint's dtype with the old rows bit-identical to its files: the job's model when
+    it holds exactly those (a CPU job), else the checkpoint loaded again on the CPU with the same
+    rows written in (a bf16 GPU job of an fp32 checkpoint, or a model spread with weights offloaded)."""
+    from . import devices as job_devices
+
+    spec, extended, mined = plan.spec, vocabulary.extended, vocabulary.mined
+    model = _publishable(model, plan, sources, vocabulary.rows, extended.base_vocab_size)
+    metrics["devices"]["publish"] = job_devices.describe(model)
+    steps_done = vocabulary.trained.steps_done if vocabulary.trained else 0
     extension = {
-        "base_model": {"name": spec.base_model, "source": resolved.kind},
+        "base_model": {"name": spec.base_model, "source": plan.resolved.kind},
         # corpus_path is where the file lay on the machine that ran the job: corpus_name says which corpus it was
         "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force", "corpus_path"}},
         # the options the job left to its device, and what that device made them
-        "device_defaults": {"device": placement.device.type, "options": device_defaults},
+        "device_defaults": {"device": plan.placement.device.type, "options": plan.device_defaults},
         "init": vocabulary.init,
         "trained_steps": steps_done,
         "published_step": vocabulary.selection.get("best_step", steps_done),
         "vocab": {k: init_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
         "padding_ids": init_report["padding_ids"],
-        **tokenizer_report,
+        **extended.to_json(),
         "selection": vocabulary.selection,
     }
     if mined is not None:
         extension["mining"] = mined.to_json()
     write_extra = None
     if run_checkpoint is not None:
-        optimizer_state, carried = run_checkpoint.extend(
-            model, base_vocab_size=extended.base_vocab_size,
-            adapter_optimizer_state=vocabulary.optimizer_state,
-        )
+        optimizer_state, carried = run_checkpoint.extend(model, base_vocab_size=extended.base_vocab_size,
+                                                         adapter_optimizer_state=vocabulary.optimizer_state)
         carried["files"] = run_checkpoint.write_list()
         extension["trainer_checkpoint"] = carried
         write_extra = lambda staging: run_checkpoint.write(staging, optimizer_state)  # noqa: E731
-    card = model_card(spec, extension, metrics, history)
+    history = metrics["training"]["history"]
     manifest = publish(
         spec.out_dir, model=model, tokenizer=extended.tokenizer, extension=extension, metrics=metrics,
-        model_card=card, history=history,
+        model_card=model_card(spec, extension, metrics, history), history=history,
         adapter_token_ids=list(range(extended.base_vocab_size, init_report["vocab_size"])),
         adapter_target_module=_embedding_module_name(model), write_extra=write_extra, force=spec.force,
-        max_shard_bytes=shard_limit(resolved.path if resolved.kind != "hub" else None),
+        max_shard_bytes=plan.max_shard_bytes,
     )
-    stages.close()
-    return PipelineResult(
-        out_dir=Path(spec.out_dir), metrics=metrics, manifest=manifest, extension=extension,
-        mined_terms=[t for t in extension.get("mining", {}).get("terms", [])] if mined else None,
-        seconds=stages.seconds,
-    )
+    return PipelineResult(out_dir=Path(spec.out_dir), metrics=metrics, manifest=manifest, extension=extension,
+                          mined_terms=list(extension["mining"].get("terms", [])) if mined else None)
+
+
+def _stage_devices(stages: "_Stages", on_model: dict, *, trained: bool) -> dict:
+    """Where each stage before evaluation did its work: the tokenizer stages on the CPU, the
+    model stages on the model's device."""
+    placed = {name: {"device": "cpu", "dtype": None, "work": "tokenizer"} for name in ("mine", "extend") if name in stages.seconds}
+    placed.update({name: dict(on_model) for name in ("init", "generate", "train") if name in stages.seconds})
+    if trained:
+        placed["train"]["rows_dtype"] = "float32"
+    return placed
 
 
 @dataclass
@@ -229,7 +231,7 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
     Shared by `run` and by extending a live Trainer run (extension.live). The rows are trained on
     `model` itself, where it is (never a copy of it)."""
     from .init import RowInitializer, init_method
-    from .train import build_training_data
+    from .objectives import build_training_data
 
     stages = stages or _Stages(callbacks)
     mined = None
@@ -287,7 +289,7 @@ def _validation_text(spec: ExtendSpec, model, tokenizer, objective, callbacks: C
         return None, {"mode": "none"}
     if spec.corpus_path is not None:
         documents = list(corpus_io.split_documents(spec.corpus_path, "validation", text_field=spec.corpus_text_field,
-                                                   label=_corpus_label(spec)))
+                                                   label=corpus_label(spec)))
         source = "corpus validation split"
     else:
         documents = list(getattr(objective, "validation_texts", []))
@@ -394,7 +396,8 @@ def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callba
     keeping the best step on `validation` when there is one."""
     from .rows import attach
     from .selection import StepScorer, ValidationPlan
-    from .train import TrainConfig, run_identity, train_rows
+    from .identity import run_identity
+    from .train import TrainConfig, train_rows
 
     identity = run_identity(model, extended)
     config = TrainConfig.from_spec(spec)
@@ -410,71 +413,26 @@ def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callba
         adapter.detach()
 
 
-def _plan_memory(spec: ExtendSpec, resolved, sources: ModelSources, placement, tokenizer):
-    """(memory plan, the checkpoint's stored dtype), from the config alone; raises the option
-    error of a seq_len past the model's context, and InsufficientMemoryError for a job that
-    cannot fit its device."""
-    from types import SimpleNamespace
-
-    from .devices import check_device_map, checkpoint_dtype, eval_batch_tokens_for
-    from .memory_plan import check_plan, plan_for_spec
-    from .models import load_config
-    from .tokenizer import check_extendable
-    from .train import TrainConfig, max_positions
-
-    config = load_config(resolved, sources)
-    check_extendable(tokenizer, embedding_rows=(config.get_text_config() or config).vocab_size)
-    TrainConfig.from_spec(spec).validate(max_positions=max_positions(SimpleNamespace(config=config)))
-    check_device_map(config, placement.device_map)
-    stored = checkpoint_dtype(config, resolved.path if resolved.kind != "hub" else None)
-    dtype = placement.compute_dtype(stored)
-    plan = plan_for_spec(spec, config, placement=placement, dtype=dtype,
-                         eval_batch_tokens=eval_batch_tokens_for(placement.device, config, dtype),
-                         model_path=resolved.path if resolved.kind != "hub" else None)
-    check_plan(plan, base_model=spec.base_model, batch_size=spec.batch_size, seq_len=spec.seq_len)
-    return plan, stored
-
-
-def _offload_folder(placement, callbacks: Callbacks) -> Path | None:
-    """Where accelerate may put weights it offloads to disk: in the job's work folder when it has
-    one (the service removes it with the job), else a temporary folder; either is removed when the
-    process exits (the offloaded copy can be as big as the model)."""
-    if placement.device_map is None:
-        return None
-    import atexit
-    import shutil
-    import tempfile
-
-    if callbacks.work_dir is not None:
-        Path(callbacks.work_dir).mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="offload-" if callbacks.work_dir else "tide-offload-", dir=callbacks.work_dir))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    return folder
-
-
-def _publishable(model, resolved, sources: ModelSources, stored_dtype, rows, base_vocab_size: int, pad_to_multiple_of: int):
+def _publishable(model, plan: JobPlan, sources: ModelSources, rows, base_vocab_size: int):
     """The model to publish: `model` when its weights are the checkpoint's own (same dtype, none
     offloaded), else the checkpoint loaded on the CPU in its dtype with `rows` applied."""
     from .devices import offloaded, release_cached_memory, model_device
     from .init import apply_rows
 
-    if model.get_input_embeddings().weight.dtype == stored_dtype and not offloaded(model):
+    if model.get_input_embeddings().weight.dtype == plan.stored_dtype and not offloaded(model):
         return model
     release_cached_memory(model_device(model))
-    copy = load_model(resolved, sources).eval()  # CPU, dtype "auto": the checkpoint's own
-    apply_rows(copy, rows, base_vocab_size=base_vocab_size, pad_to_multiple_of=pad_to_multiple_of)
+    copy = load_model(plan.resolved, sources).eval()  # CPU, dtype "auto": the checkpoint's own
+    apply_rows(copy, rows, base_vocab_size=base_vocab_size, pad_to_multiple_of=plan.spec.pad_to_multiple_of)
     return copy
 
 
-def _held_out_docs(spec: ExtendSpec) -> list[str]:
+def _held_out_docs(plan: JobPlan) -> list[str]:
     """The test split: what the job reports on, which no decision saw."""
+    spec = plan.spec
     if spec.corpus_path is None:
         return []
-    return list(corpus_io.split_documents(spec.corpus_path, "test", text_field=spec.corpus_text_field, label=_corpus_label(spec)))
-
-
-def _corpus_label(spec: ExtendSpec) -> str:
-    return f"corpus {spec.corpus_name!r}" if spec.corpus_name else "the corpus"
+    return list(corpus_io.split_documents(spec.corpus_path, "test", text_field=spec.corpus_text_field, label=plan.corpus_label()))
 
 
 def _calibration_ids(tokenizer, general) -> torch.Tensor | None:

@@ -37,7 +37,6 @@ SAMPLING_MODES = ("centred", "sequential", "mixed")
 # +0.02% general-text bits per byte. Terms-only: distillation keeps general text closest to the
 # base model (benchmarks/results/terms_only_training.md).
 DEFAULT_SAMPLING = "centred"
-DEFAULT_TERMS_OBJECTIVE = "distill"
 
 
 @dataclass
@@ -138,9 +137,11 @@ class _BestRows:
                 "history": self.history, "seconds": self.seconds}
 
 
-def _param_groups(adapter: RowsAdapter, config: TrainConfig) -> list[dict]:
-    # Input rows get sparse gradients (only where their token occurs): higher LR. Untied output
-    # rows see a gradient at every position, like any other dense weight: base LR.
+def param_groups(adapter: RowsAdapter, config: TrainConfig) -> list[dict]:
+    """The AdamW groups of the new rows (public: the learning-rate rule is worth testing alone).
+
+    Input rows get sparse gradients (only where their token occurs): higher LR. Untied output
+    rows see a gradient at every position, like any other dense weight: base LR."""
     groups = [{"params": [adapter.input_rows], "lr_scale": config.embedding_lr_multiplier, "name": "input_rows"}]
     dense = [p for p in (adapter.output_rows, adapter.output_bias) if p is not None]
     if dense:
@@ -170,7 +171,7 @@ def train_rows(
     callbacks = callbacks or Callbacks()
     config.validate()
     torch.manual_seed(config.seed)
-    optimizer = torch.optim.AdamW(_param_groups(adapter, config), lr=config.lr, betas=config.betas, eps=1e-8)
+    optimizer = torch.optim.AdamW(param_groups(adapter, config), lr=config.lr, betas=config.betas, eps=1e-8)
     checkpoint = Path(callbacks.work_dir) / CHECKPOINT_NAME if callbacks.work_dir else None
     key = _run_key(adapter, config, objective, identity)
     start, history, best = _resume(checkpoint, key, adapter, optimizer, callbacks)
@@ -221,21 +222,6 @@ def train_rows(
 
 
 # -- checkpoints ------------------------------------------------------------------------------
-def run_identity(model, extended) -> dict:
-    """What a checkpoint's rows belong to besides the settings: the base model (a digest of its
-    config and a strided sample of its embedding and head, so a different checkpoint of the same
-    architecture does not match) and the new tokens (strings, ids, original pieces)."""
-    digest = hashlib.sha256(model.config.to_json_string(use_diff=False).encode())
-    for matrix in {id(m): m for m in (model.get_input_embeddings().weight, model.get_output_embeddings().weight)}.values():
-        sample = matrix.detach()[:: max(1, matrix.shape[0] // 4096)].float().cpu().contiguous()
-        digest.update(sample.numpy().tobytes())
-    tokens = [[t.id, t.token, t.base_ids] for t in extended.new_tokens]
-    return {
-        "base_model": digest.hexdigest()[:16],
-        "new_tokens": hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16],
-    }
-
-
 def _run_key(adapter: RowsAdapter, config: TrainConfig, objective, identity: dict | None) -> dict:
     """What must match for a checkpoint to belong to this run. `steps` is part of it because the
     learning-rate schedule depends on the total; only checkpoint_every may change on a re-run."""
@@ -417,23 +403,6 @@ def corpus_windows(corpus_path: Path, tokenizer, *, base_vocab_size: int, config
     tokens = tokenize_documents(train_documents(Path(corpus_path), text_field=text_field), tokenizer, max_tokens=budget)
     return TokenWindows(tokens, base_vocab_size=base_vocab_size, batch_size=config.batch_size,
                         seq_len=config.seq_len, seed=config.seed, sampling=sampling, prefix=window_prefix(tokenizer))
-
-
-def build_training_data(spec, model, extended, callbacks: Callbacks | None = None, *,
-                        sampling: str = DEFAULT_SAMPLING, terms_objective: str = DEFAULT_TERMS_OBJECTIVE):
-    """The objective of a job: corpus windows when there is a corpus, else contexts generated
-    by the base model for the terms. Call BEFORE attaching the adapter (generation uses the
-    plain base model). Validates the training options against the model."""
-    callbacks = callbacks or Callbacks()
-    config = TrainConfig.from_spec(spec).validate(max_positions=max_positions(model))
-    if spec.corpus_path is not None:
-        return corpus_windows(spec.corpus_path, extended.tokenizer, base_vocab_size=extended.base_vocab_size,
-                              config=config, sampling=sampling, text_field=spec.corpus_text_field)
-    from .distill import terms_objective as build
-
-    return build(model, extended, config, objective=terms_objective, work_dir=callbacks.work_dir,
-                 should_cancel=callbacks.should_cancel, hold_out=getattr(spec, "selection", "none") == "validation",
-                 on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "contexts"}))
 
 
 def max_positions(model) -> int | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..errors import InvalidOptionError, InvalidTermsError
+from ..options import DEFAULTS
 from .base_view import BaseView
 from .contexts import joined_with_context, terms_failing_in_context
 from .merge_plan import Candidate, MergePlan, plan_merges
@@ -29,7 +30,7 @@ from .tokenizer_json import NewVocab, assign_ids, build_tokenizer, check_ids
 MECHANISMS = ("auto", "merges", "added_tokens")
 
 
-def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = 64, mechanism: str = "auto",
+def extend_tokenizer(tokenizer, terms: Iterable[str], *, max_term_chars: int = DEFAULTS["max_term_chars"], mechanism: str = "auto",
                      embedding_rows: int | None = None) -> ExtendedTokenizer:
     """Add `terms` so each becomes one token in its natural forms. The base tokenizer is not changed.
 
@@ -143,7 +144,7 @@ def _build_until_verified(view: BaseView, routing: _Routing) -> tuple[object, Ne
         check_ids(view, extended, new_vocab)
         backend = extended.backend_tokenizer
         failures = terms_failing_in_context(backend, new_vocab, view, routing.candidates)
-        in_probe = terms_in_probe(backend, new_vocab, view)
+        in_probe = terms_in_probe(backend, view, new_vocab.owners())
         if not failures and not in_probe:
             return extended, new_vocab
         for term, why in failures.items():

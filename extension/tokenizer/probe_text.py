@@ -8,12 +8,16 @@ in it, changes those ids and makes the conversion refuse the model.
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence
 
 if TYPE_CHECKING:
     from .base_view import BaseView
-    from .merge_plan import MergeTable
-    from .tokenizer_json import NewVocab
+
+
+class MergeRunner(Protocol):
+    """What the probe check needs of a merge table: run its merges over a word's pieces."""
+
+    def run(self, pieces: Sequence[str], fired: set | None = None) -> list[str]: ...
 
 LLAMA_CPP_PROBE_TEXT = (
     "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis "
@@ -59,7 +63,7 @@ def adjacent_probe_pairs(view: BaseView) -> frozenset:
     return frozenset(pair for word in probe_words(view) for pair in zip(word, word[1:]))
 
 
-def merges_fired_in_probe(view: BaseView, table: MergeTable) -> set:
+def merges_fired_in_probe(view: BaseView, table: MergeRunner) -> set:
     """The merges of `table` that fire when the probe text's words are encoded with them."""
     fired: set = set()
     for word in probe_words(view):
@@ -67,15 +71,10 @@ def merges_fired_in_probe(view: BaseView, table: MergeTable) -> set:
     return fired
 
 
-def terms_in_probe(backend, new_vocab: NewVocab, view: BaseView) -> set[str]:
-    """Terms whose new tokens show up when the probe text is encoded with `backend`."""
+def terms_in_probe(backend, view: BaseView, owners: Mapping[int, str]) -> set[str]:
+    """Terms whose new tokens show up when the probe text is encoded with `backend`; `owners`
+    maps each new id to the term it belongs to."""
     ids = backend.encode(LLAMA_CPP_PROBE_TEXT, add_special_tokens=False).ids
     if ids == view.backend.encode(LLAMA_CPP_PROBE_TEXT, add_special_tokens=False).ids:
         return set()
-    owners = {token_id: term for term in new_vocab.added_terms for token_id in new_vocab.added_forms(term).values()}
-    for term, forms in new_vocab.plan.term_forms.items():
-        for bpe_string in forms.values():
-            owners[new_vocab.merge_token_ids[bpe_string]] = term
-    for string, term in new_vocab.plan.creator.items():
-        owners.setdefault(new_vocab.merge_token_ids[string], term)
     return {owners[i] for i in ids if i in owners}

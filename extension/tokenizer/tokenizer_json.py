@@ -33,6 +33,16 @@ class NewVocab:
         after a space, as one token each (no lone space token in front of the term)."""
         return {text: self.added_token_ids[text] for text in (term, " " + term) if text in self.added_token_ids}
 
+    def owners(self) -> dict[int, str]:
+        """Every new id -> the term it belongs to (an intermediate: the term that created it)."""
+        owners = {token_id: term for term in self.added_terms for token_id in self.added_forms(term).values()}
+        for term, forms in self.plan.term_forms.items():
+            for bpe_string in forms.values():
+                owners[self.merge_token_ids[bpe_string]] = term
+        for string, term in self.plan.creator.items():
+            owners.setdefault(self.merge_token_ids[string], term)
+        return owners
+
 
 def assign_ids(view: BaseView, plan: MergePlan, added_terms: list[str]) -> NewVocab:
     created = sorted(plan.table.created.items(), key=lambda item: item[1])

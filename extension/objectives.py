@@ -1,0 +1,27 @@
+"""The training data of a job: corpus windows when it has a corpus, else contexts the base model
+writes for the terms. One place that knows both objectives, so neither the training loop
+(extension/train.py) nor the terms objective (extension/distill.py) imports the other."""
+
+from __future__ import annotations
+
+from . import distill
+from .spec import Callbacks
+from .train import DEFAULT_SAMPLING, TrainConfig, corpus_windows, max_positions
+
+DEFAULT_TERMS_OBJECTIVE = "distill"
+
+
+def build_training_data(spec, model, extended, callbacks: Callbacks | None = None, *,
+                        sampling: str = DEFAULT_SAMPLING, terms_objective: str = DEFAULT_TERMS_OBJECTIVE):
+    """The objective of a job: corpus windows when there is a corpus, else contexts generated
+    by the base model for the terms. Call BEFORE attaching the adapter (generation uses the
+    plain base model). Validates the training options against the model."""
+    callbacks = callbacks or Callbacks()
+    config = TrainConfig.from_spec(spec).validate(max_positions=max_positions(model))
+    if spec.corpus_path is not None:
+        return corpus_windows(spec.corpus_path, extended.tokenizer, base_vocab_size=extended.base_vocab_size,
+                              config=config, sampling=sampling, text_field=spec.corpus_text_field)
+    return distill.terms_objective(
+        model, extended, config, objective=terms_objective, work_dir=callbacks.work_dir,
+        should_cancel=callbacks.should_cancel, hold_out=getattr(spec, "selection", "none") == "validation",
+        on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "contexts"}))
