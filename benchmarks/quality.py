@@ -145,9 +145,12 @@ def run_system(domain: str, system: str, spec: dict) -> dict:
         tokenizer, new_ids = peers.hf_add_tokens(model, tokenizer, terms)
     elif system != "base":
         if system == "ours_mined":
-            from extension.mining import mine_texts
+            from extension.mining import mine_terms
 
-            mined = mine_texts(tokenizer, train_docs, max_new_tokens=spec["terms_count"], min_frequency=3)
+            with tempfile.TemporaryDirectory() as folder:  # the product mines a corpus file
+                corpus = Path(folder) / "train.txt"
+                corpus.write_text("\n\n".join(train_docs) + "\n", encoding="utf-8")
+                mined = mine_terms(tokenizer, corpus, max_new_tokens=spec["terms_count"], min_frequency=3)
             extended = mined.extended
         else:
             from extension.tokenizer import extend_tokenizer

@@ -33,7 +33,7 @@ import torch
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from extension.corpus import held_out_documents, iter_documents, train_documents  # noqa: E402
+from extension.corpus import iter_documents, split_of, train_documents  # noqa: E402
 from extension.evaluate import evaluate_model, load_general_text  # noqa: E402
 from extension.init import subword_mean_rows  # noqa: E402
 from extension.models import ModelSources, resolve_model  # noqa: E402
@@ -97,7 +97,7 @@ def windows(args) -> None:
         corpus = foldoc_corpus(Path(tmp))
         extended = mine_terms(tokenizer, corpus, max_new_tokens=args.new_tokens).extended
         new_ids = [t.id for t in extended.new_tokens]
-        held_out = list(held_out_documents(corpus))
+        held_out = [doc for doc in iter_documents(corpus) if split_of(doc) != "train"]
         general = load_general_text()
         config = TrainConfig(steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, warmup_steps=5,
                              checkpoint_every=0, lr=args.lr)

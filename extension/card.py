@@ -31,7 +31,7 @@ def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str
         "Padding rows are set to the mean output row and listed in `generation_config.json` "
         "(`suppress_tokens`); they are never produced by the tokenizer.",
         "",
-        *_selection_lines(extension.get("selection") or {}),
+        *selection_section(extension.get("selection") or {}),
         "## Before / after",
         "",
         metrics_table(metrics["before"], metrics["after"]),
@@ -70,7 +70,7 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _selection_lines(selection: dict) -> list[str]:
+def selection_section(selection: dict) -> list[str]:
     """What validation decided: the step published and the terms removed, with the measured reason."""
     lines = []
     if "best_step" in selection:

@@ -111,14 +111,6 @@ def iter_documents(path: Path, *, text_field: str = "text", fmt: CorpusFormat | 
         yield "".join(block).rstrip("\n")
 
 
-def iter_texts(texts: list[str]) -> Iterator[str]:
-    """Inline text (e.g. a small corpus_text in a request) split into documents the same way."""
-    for text in texts:
-        for block in text.replace("\r\n", "\n").split("\n\n"):
-            if block.strip():
-                yield block.strip("\n")
-
-
 def _hash_position(document: str) -> float:
     """Where the document's sha256 falls in [0, 1): the one number every split is cut from."""
     digest = hashlib.sha256(document.encode("utf-8")).digest()
@@ -139,11 +131,6 @@ def split_of(document: str) -> str:
 
 def train_documents(path: Path, **kwargs) -> Iterator[str]:
     return (doc for doc in iter_documents(path, **kwargs) if not is_held_out(doc))
-
-
-def held_out_documents(path: Path, **kwargs) -> Iterator[str]:
-    """Validation and test documents together (what mining and training never see)."""
-    return (doc for doc in iter_documents(path, **kwargs) if is_held_out(doc))
 
 
 def split_documents(path: Path, split: str, **kwargs) -> Iterator[str]:

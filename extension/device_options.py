@@ -9,7 +9,9 @@ from typing import Any
 
 from .errors import InvalidOptionError
 
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # N: the number of a GPU
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's names
+MAP_DEVICES = ("cuda:N", "cpu", "disk")  # what a JSON device map may name per module
 _DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:(0|[1-9][0-9]{0,2}))$")
 _MAP_DEVICE = re.compile(r"^(cpu|disk|cuda:(0|[1-9][0-9]{0,2}))$")
 
@@ -17,7 +19,7 @@ _MAP_DEVICE = re.compile(r"^(cpu|disk|cuda:(0|[1-9][0-9]{0,2}))$")
 def device_problem(value: Any) -> str | None:
     """What is wrong with a device value's form (None: nothing), without asking for a GPU."""
     if not isinstance(value, str) or not _DEVICE.match(value):
-        return f"must be auto, cpu, cuda or cuda:N (N the number of a GPU), got {value!r}"
+        return f"must be {_either(DEVICES)} (N the number of a GPU), got {value!r}"
     return None
 
 
@@ -26,8 +28,8 @@ def parse_device_map(value: Any) -> str | dict | None:
     if isinstance(value, str) and value in ("none", *DEVICE_MAP_STRATEGIES):
         return None if value == "none" else value
     problem = (
-        "must be none, auto, balanced, balanced_low_0, sequential or a JSON object mapping module names to "
-        f"devices (cuda:N, cpu or disk), e.g. {{\"model.embed_tokens\": \"cuda:0\", ...}}; got {value!r}"
+        f"must be none, {', '.join(DEVICE_MAP_STRATEGIES)} or a JSON object mapping module names to "
+        f"devices ({_either(MAP_DEVICES)}), e.g. {{\"model.embed_tokens\": \"cuda:0\", ...}}; got {value!r}"
     )
     if not isinstance(value, str) or not value.lstrip().startswith("{"):
         raise InvalidOptionError(option="device_map", problem=problem)
@@ -39,7 +41,7 @@ def parse_device_map(value: Any) -> str | dict | None:
         raise InvalidOptionError(option="device_map", problem=problem)
     bad = [f"{k!r}: {v!r}" for k, v in mapping.items() if not isinstance(k, str) or not isinstance(v, str) or not _MAP_DEVICE.match(v)]
     if bad:
-        raise InvalidOptionError(option="device_map", problem=f"has entries that are not module: device (cuda:N, cpu or disk): {', '.join(bad[:3])}")
+        raise InvalidOptionError(option="device_map", problem=f"has entries that are not module: device ({_either(MAP_DEVICES)}): {', '.join(bad[:3])}")
     return mapping
 
 
@@ -49,3 +51,7 @@ def device_map_problem(value: Any) -> str | None:
     except InvalidOptionError as exc:
         return exc.problem
     return None
+
+
+def _either(values: tuple[str, ...]) -> str:
+    return f"{', '.join(values[:-1])} or {values[-1]}"

@@ -55,9 +55,6 @@ class Placement:
             return torch.bfloat16
         return checkpoint
 
-    def uses_disk(self) -> bool:
-        return isinstance(self.device_map, dict) and "disk" in self.device_map.values()
-
     def load_kwargs(self, checkpoint: torch.dtype, *, offload_folder: str | Path | None = None) -> dict[str, Any]:
         """Keyword arguments for `from_pretrained`: straight onto the device, in the compute dtype."""
         dtype = self.compute_dtype(checkpoint)

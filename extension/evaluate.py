@@ -38,9 +38,9 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
+from .options import DEFAULTS
+
 DEFAULT_CHUNK_BYTES = 1024
-DEFAULT_MAX_BYTES = 50_000
-DEFAULT_BATCH_TOKENS = 4096
 DEFAULT_LOGIT_ELEMENTS = 1 << 24  # 64 MB of fp32 logits per slice
 
 # General English text for the retention metric, first one present wins. The fortunes file is
@@ -167,7 +167,12 @@ def context_token_id(tokenizer) -> int:
 
 
 @dataclass
-class _Scorer:
+class Scorer:
+    """Summed next-token loss of token sequences, in batches of `batch_tokens`; through decoder +
+    head with the logits computed in slices of `logit_elements` where that reproduces the
+    model's own logits (`use_head_path`), else through the whole model. Public so the two paths
+    can be compared; score_documents is the door the product uses."""
+
     model: torch.nn.Module
     batch_tokens: int
     logit_elements: int
@@ -266,7 +271,7 @@ def score_documents(
     documents: Iterable[str],
     *,
     new_token_ids: Iterable[int] | None = None,
-    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    max_bytes: int | None = DEFAULTS["eval_max_bytes"],
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     batch_tokens: int | None = None,
     logit_elements: int = DEFAULT_LOGIT_ELEMENTS,
@@ -305,7 +310,7 @@ def score_documents(
         from .devices import eval_batch_tokens
 
         batch_tokens = eval_batch_tokens(model)
-    scorer = _Scorer(model, batch_tokens=batch_tokens, logit_elements=logit_elements)
+    scorer = Scorer(model, batch_tokens=batch_tokens, logit_elements=logit_elements)
     was_training = model.training
     model.eval()
     try:
@@ -343,7 +348,7 @@ def evaluate_model(
     general_text: GeneralText | str | Sequence[str] | None,
     *,
     new_token_ids: Iterable[int] | None = None,
-    max_bytes: int | None = DEFAULT_MAX_BYTES,
+    max_bytes: int | None = DEFAULTS["eval_max_bytes"],
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     general_max_bytes: int | None = None,
     batch_tokens: int | None = None,

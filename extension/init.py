@@ -24,6 +24,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+from .options import DEFAULTS
+
 # Total probability of all padding rows must stay below this at every position (issue 2).
 PADDING_PROBABILITY_LIMIT = 1e-4
 
@@ -155,7 +157,7 @@ def apply_rows(
     rows: NewRows,
     *,
     base_vocab_size: int,
-    pad_to_multiple_of: int = 64,
+    pad_to_multiple_of: int = DEFAULTS["pad_to_multiple_of"],
     calibration_ids: torch.Tensor | None = None,
 ) -> dict:
     """Resize the model for `rows`, write them after the base rows, and set the padding rows.

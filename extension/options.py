@@ -15,11 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .device_options import DEVICE_MAP_STRATEGIES, DEVICES, MAP_DEVICES
 from .errors import InvalidOptionError
-
-# Where an option sits in a POST /extend body: at the root, in a group object, or not at all
-# (server-side policy, set by the operator as a TIDE_* setting).
-API_GROUPS = ("root", "mining", "training", "evaluation")
 
 
 @dataclass(frozen=True)
@@ -31,7 +28,9 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     exclusive_minimum: bool = False  # (minimum, maximum] instead of [minimum, maximum]
-    api_group: str | None = "training"  # one of API_GROUPS, or None: not part of a request
+    # Where it sits in a POST /extend body: "root", or the group object "mining", "training" or
+    # "evaluation"; None: not part of a request (server-side policy, a TIDE_* setting).
+    api_group: str | None = "training"
     api_name: str | None = None  # field name inside its group (default: name)
     flag: str | None = None  # CLI flag (default: --name-with-dashes)
     choices: tuple[str, ...] | None = None  # str options: the accepted values (instead of a length range)
@@ -170,12 +169,12 @@ OPTIONS: tuple[Option, ...] = (
     # where the job runs (the operator's choice: on the service, the TIDE_DEVICE / TIDE_DEVICE_MAP
     # settings). The values are checked where the job runs (extension/devices.py), which is the
     # only place that knows whether a GPU is there.
-    Option("device", str, "auto", "device every stage runs on: auto (the worker's GPU, cuda:0, when it has one, else "
-           "cpu), cpu, cuda or cuda:N (on the service: the TIDE_DEVICE setting)", 1, 16, api_group=None),
+    Option("device", str, "auto", f"device every stage runs on: {', '.join(DEVICES)} (auto: the worker's GPU, cuda:0, "
+           "when it has one, else cpu) (on the service: the TIDE_DEVICE setting)", 1, 16, api_group=None),
     Option("device_map", str, "none", "spread the frozen base model over several devices with accelerate: none (all of it "
-           "on --device), auto, balanced or sequential (over every visible GPU, then CPU memory), or a JSON object "
-           "{module: device} (devices: cuda:N, cpu, disk) (on the service: the TIDE_DEVICE_MAP setting)",
-           1, 10_000, api_group=None),
+           f"on --device), {', '.join(DEVICE_MAP_STRATEGIES)} (accelerate's strategies over every visible GPU, then CPU "
+           f"memory), or a JSON object {{module: device}} (devices: {', '.join(MAP_DEVICES)}) (on the service: the "
+           "TIDE_DEVICE_MAP setting)", 1, 10_000, api_group=None),
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}

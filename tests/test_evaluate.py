@@ -206,8 +206,8 @@ def test_full_forward_path_agrees_with_decoder_plus_head(smollm2_tokenizer):
     documents = foldoc_entries(skip=300, count=5)
     sequences = [[1, *smollm2_tokenizer(d[:400], add_special_tokens=False)["input_ids"]] for d in documents]
     with torch.inference_mode():
-        sliced = evaluate._Scorer(model, batch_tokens=256, logit_elements=60_000).score(sequences, pad_id=1)
-        full = evaluate._Scorer(model, batch_tokens=256, logit_elements=60_000, use_head_path=False).score(
+        sliced = evaluate.Scorer(model, batch_tokens=256, logit_elements=60_000).score(sequences, pad_id=1)
+        full = evaluate.Scorer(model, batch_tokens=256, logit_elements=60_000, use_head_path=False).score(
             sequences, pad_id=1
         )
     assert sliced == pytest.approx(full, rel=1e-5)

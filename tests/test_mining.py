@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from extension.corpus import held_out_documents, is_held_out, iter_documents
+from extension.corpus import is_held_out, iter_documents, split_of
 from extension.errors import InvalidCorpusError, InvalidOptionError
-from extension.mining import MiningFilters, continue_bpe, mine_terms, mine_texts
+from extension.mining import MiningFilters, continue_bpe, mine_terms
 from extension.mining.filters import ANSI_ESCAPE
 from extension.mining.whole_words import join_whole_words
 
@@ -50,6 +50,13 @@ def foldoc_corpus(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def foldoc_mined(smollm2_tokenizer, foldoc_corpus):
     return mine_terms(smollm2_tokenizer, foldoc_corpus, max_new_tokens=300, min_frequency=3)
+
+
+def _corpus_file(folder: Path, docs: list[str]) -> Path:
+    """Documents as a user gives them: one file, blank lines between documents."""
+    path = folder / "corpus.txt"
+    path.write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return path
 
 
 def _ids(tokenizer, text: str) -> list[int]:
@@ -115,9 +122,9 @@ def test_whole_words_never_pass_through_base_strings_or_refused_ones():
 
 
 @pytest.mark.parametrize("unit", ["pairs", "words"])
-def test_both_mining_units_give_reachable_tokens_and_no_longer_documents(smollm2_tokenizer, foldoc_corpus, unit):
+def test_both_mining_units_give_reachable_tokens_and_no_longer_documents(smollm2_tokenizer, foldoc_corpus, unit, tmp_path):
     docs = list(iter_documents(foldoc_corpus))[:3000]
-    result = mine_texts(smollm2_tokenizer, ["\n\n".join(docs)], max_new_tokens=120, mining_unit=unit)
+    result = mine_terms(smollm2_tokenizer, _corpus_file(tmp_path, docs), max_new_tokens=120, mining_unit=unit)
     assert result.report["params"]["mining_unit"] == unit and result.report["guarantee"]["passed"]
     assert len(result.terms) == 120
     for term in result.terms:
@@ -192,7 +199,7 @@ def test_foldoc_no_document_longer_and_held_out_shorter(smollm2_tokenizer, foldo
     assert report["guarantee"] == {"documents_checked": len(docs), "documents_longer": 0, "passed": True, "examples": []}
     # recompute the held-out numbers independently of the miner
     held = [d for d in docs if is_held_out(d)]
-    assert held == list(held_out_documents(foldoc_corpus))
+    assert held == [d for d in iter_documents(foldoc_corpus) if split_of(d) != "train"]
     before = sum(len(_ids(smollm2_tokenizer, d)) for d in held)
     after = sum(len(_ids(foldoc_mined.extended.tokenizer, d)) for d in held)
     size = sum(len(d.encode()) for d in held)
@@ -203,12 +210,12 @@ def test_foldoc_no_document_longer_and_held_out_shorter(smollm2_tokenizer, foldo
     assert report["probe_text_unchanged"] is True
 
 
-def test_simulated_counts_equal_real_encoding(smollm2_tokenizer, foldoc_corpus):
+def test_simulated_counts_equal_real_encoding(smollm2_tokenizer, foldoc_corpus, tmp_path):
     """With the text filters off the miner sees exactly the encoder's words, so its per-token
     frequencies and total savings must equal what the real extended tokenizer produces."""
     docs = [d for d in iter_documents(foldoc_corpus) if not is_held_out(d)][:4000]
     filters = MiningFilters(urls=False, control=False)
-    result = mine_texts(smollm2_tokenizer, ["\n\n".join(docs)], max_new_tokens=120, filters=filters)
+    result = mine_terms(smollm2_tokenizer, _corpus_file(tmp_path, docs), max_new_tokens=120, filters=filters)
     real = Counter()
     for doc in docs:
         real.update(_ids(result.extended.tokenizer, doc))
@@ -236,7 +243,7 @@ def test_mining_is_deterministic_and_jsonl_matches_text(smollm2_tokenizer, foldo
     json.dumps(first.to_json())  # serialisable as it is
 
 
-def test_held_out_documents_are_never_mined(smollm2_tokenizer):
+def test_held_out_documents_are_never_mined(smollm2_tokenizer, tmp_path):
     """A word that occurs only in held-out documents must not shape any merge."""
     docs = []
     for i in range(600):
@@ -244,18 +251,18 @@ def test_held_out_documents_are_never_mined(smollm2_tokenizer):
         doc = base + " Qxzvjq Qxzvjq Qxzvjq" if is_held_out(base + " Qxzvjq Qxzvjq Qxzvjq") else base
         docs.append(doc)
     assert any("Qxzvjq" in d for d in docs)
-    result = mine_texts(smollm2_tokenizer, docs, max_new_tokens=40, min_frequency=2)
+    result = mine_terms(smollm2_tokenizer, _corpus_file(tmp_path, docs), max_new_tokens=40, min_frequency=2)
     assert result.merges
     assert not [t.text for t in result.terms if re.search(r"[Qxzvjq]{2}", t.text.strip())]
     assert all(is_held_out(d) for d in docs if "Qxzvjq" in d)
     assert result.report["corpus"]["held_out_documents"] >= sum("Qxzvjq" in d for d in docs)
 
 
-def test_probe_text_pairs_are_never_merged(smollm2_tokenizer):
+def test_probe_text_pairs_are_never_merged(smollm2_tokenizer, tmp_path):
     from extension.tokenizer import LLAMA_CPP_PROBE_TEXT
 
     docs = [f"{LLAMA_CPP_PROBE_TEXT} sample {i}" for i in range(60)]
-    result = mine_texts(smollm2_tokenizer, docs, max_new_tokens=50, min_frequency=2)
+    result = mine_terms(smollm2_tokenizer, _corpus_file(tmp_path, docs), max_new_tokens=50, min_frequency=2)
     assert result.report["skipped_candidates"]["probe_text"] > 0
     assert result.report["probe_text_unchanged"] is True
     assert _ids(result.extended.tokenizer, LLAMA_CPP_PROBE_TEXT) == _ids(smollm2_tokenizer, LLAMA_CPP_PROBE_TEXT)
@@ -307,8 +314,6 @@ def test_empty_corpus(smollm2_tokenizer, tmp_path):
     with pytest.raises(InvalidCorpusError, match="empty") as info:
         mine_terms(smollm2_tokenizer, path)
     assert info.value.param == "corpus" and info.value.code == "invalid_corpus"
-    with pytest.raises(InvalidCorpusError, match="empty"):
-        mine_texts(smollm2_tokenizer, ["  \n\n "])
 
 
 @pytest.mark.parametrize(

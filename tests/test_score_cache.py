@@ -11,7 +11,6 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from extension import evaluate
 from extension.evaluate import GeneralText, evaluate_model
 from extension.score_cache import ScoreCache, model_fingerprint
 from tests.service.conftest import foldoc_documents
@@ -27,17 +26,13 @@ def tiny(tiny_model_dir):
 
 
 @pytest.fixture()
-def forwards(monkeypatch):
-    """How many batches the scorer runs through a model."""
+def forwards(tiny):
+    """How many batches run through the model: every forward reads its input embedding."""
     calls = []
-    original = evaluate._Scorer._nll
-
-    def counted(self, batch, mask):
-        calls.append(batch.shape)
-        return original(self, batch, mask)
-
-    monkeypatch.setattr(evaluate._Scorer, "_nll", counted)
-    return calls
+    model, _ = tiny
+    hook = model.get_input_embeddings().register_forward_hook(lambda module, args, output: calls.append(args[0].shape))
+    yield calls
+    hook.remove()
 
 
 def _evaluate(model, tokenizer, cache, domain=DOMAIN, **kwargs):

@@ -280,12 +280,12 @@ def test_keep_all_terms_publishes_the_last_step_with_every_term_and_reports_on_t
 
 
 def test_the_card_names_each_removed_term_with_its_measured_reason():
-    from extension.card import _selection_lines
+    from extension.card import selection_section
 
     selection = {"mode": "validation", "best_step": 40, "validation": {"source": "corpus validation split", "bytes": 6000},
                  "removed": [{"term": " cual", "tokens": ["Ġcual"], "round": 1, "occurrences": 9, "net_bits": 52.0,
                               "leak_bits": 1.2, "reason": "costs 52.0 bits more than it saves over its 9 uses in the validation text"}]}
-    card = "\n".join(_selection_lines(selection))
+    card = "\n".join(selection_section(selection))
     assert "chose the rows of step 40" in card and "`' cual'` | 9 | +52.0 | costs 52.0 bits more" in card
 
 

@@ -18,7 +18,6 @@ from extension.tokenizer import (
     clean_terms,
     extend_tokenizer,
     extend_with_merges,
-    merges_fire_in_probe,
     probe_text_unchanged,
     read_terms_file,
 )
@@ -408,16 +407,16 @@ def test_extend_with_merges_rejects_bad_merges(byte_level):
         extend_with_merges(byte_level, [(made[0], made[1])])
 
 
-def test_merges_fire_in_probe(byte_level):
+def test_a_merge_inside_the_probe_text_changes_its_ids(byte_level):
+    # Why the miner and the planner keep clear of the probe's adjacent pieces: a merge of two of
+    # them changes the probe's ids, which llama.cpp's converter refuses.
     probe_pieces = byte_level.tokenize(LLAMA_CPP_PROBE_TEXT)
     vocab = byte_level.get_vocab()
     pair = next((a, b) for a, b in zip(probe_pieces, probe_pieces[1:])
                 if a.startswith("Ġ") and b.isalpha() and a + b not in vocab)
-    hexa = byte_level.tokenize(" hexadecimal")[:2]
-    fired = merges_fire_in_probe(byte_level, [tuple(hexa), pair])
-    assert fired == [pair]
-    ext = extend_with_merges(byte_level, [pair])
-    assert not probe_text_unchanged(byte_level, ext.tokenizer)
+    hexa = tuple(byte_level.tokenize(" hexadecimal")[:2])
+    assert probe_text_unchanged(byte_level, extend_with_merges(byte_level, [hexa]).tokenizer)
+    assert not probe_text_unchanged(byte_level, extend_with_merges(byte_level, [hexa, pair]).tokenizer)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -147,9 +147,9 @@ def test_lr_schedule_warms_up_then_decays():
 
 def test_embedding_rows_get_the_lr_multiplier():
     _, adapter = _setup(False)
-    from extension.train import _param_groups
+    from extension.train import param_groups
 
-    groups = _param_groups(adapter, TrainConfig(embedding_lr_multiplier=5, weight_decay=0.0))
+    groups = param_groups(adapter, TrainConfig(embedding_lr_multiplier=5, weight_decay=0.0))
     assert [(g["name"], g["lr_scale"], g["weight_decay"]) for g in groups] == [
         ("input_rows", 5, 0.0), ("output_rows", 1.0, 0.0)]
 
@@ -240,7 +240,7 @@ def test_distillation_targets_move_the_piece_chain_to_the_new_token(smollm2_exte
     context = data.contexts[0]
     adapter = attach(model, ext.base_vocab_size, NewRows(input=torch.zeros(len(ext.new_tokens), DIM)))
     try:
-        targets = data._teacher_targets(adapter, [context], len(context.student))
+        targets = data.teacher_targets(adapter, [context], len(context.student))
         p_old, p_new = targets(0, len(context.student))
         with torch.no_grad():
             teacher = torch.softmax(model(input_ids=torch.tensor([context.teacher])).logits[0, :, : ext.base_vocab_size].float(), -1)

@@ -1,7 +1,6 @@
 """Corpus mining: choose the new vocabulary entries that save the most tokens on a domain corpus.
 
     mine_terms(tokenizer, corpus_path, max_new_tokens=300, min_frequency=3) -> MiningResult
-    mine_texts(tokenizer, ["doc one ...", ...]) -> MiningResult   (inline corpus text)
 
 The result carries the merges, one MinedTerm per new entry, the extended tokenizer
 (extension.tokenizer.ExtendedTokenizer) and a report with the held-out tokens per byte and the
@@ -11,7 +10,7 @@ bpe_continuation (the merge loop), filters, check (the full-corpus comparison), 
 
 from .bpe_continuation import Merge, continue_bpe
 from .filters import MiningFilters
-from .miner import check_mining_options, mine_terms, mine_texts
+from .miner import check_mining_options, mine_terms
 from .result import MinedTerm, MiningResult
 
 __all__ = [
@@ -22,5 +21,4 @@ __all__ = [
     "check_mining_options",
     "continue_bpe",
     "mine_terms",
-    "mine_texts",
 ]

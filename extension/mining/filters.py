@@ -19,12 +19,12 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from itertools import product
 
+from ..options import DEFAULTS
+
 # CSI sequences (colours, cursor moves), OSC sequences (titles, hyperlinks) and two-byte escapes.
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 URL = re.compile(r"(?:\b(?:https?|ftp)://|\bwww\.)[^\s<>\"'{}|\\^`]+", re.IGNORECASE)
 _URL_PIECE = re.compile(r"://|^www\.|\bwww\.", re.IGNORECASE)
-
-REASONS = ("digits", "punctuation", "url", "control", "too_long", "in_vocab", "probe_text")
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class MiningFilters:
     punctuation: bool = True  # only whitespace, punctuation or symbols: "----", " ((", "\n\n"
     urls: bool = True  # URL text is not counted; tokens containing "://" or "www." are refused
     control: bool = True  # control characters and ANSI escape codes
-    max_chars: int = 64  # longer token texts are refused (same limit as a terms file)
+    max_chars: int = DEFAULTS["max_term_chars"]  # longer token texts are refused (the same limit as terms)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -17,7 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from ..corpus import is_held_out, iter_documents, iter_texts
+from ..corpus import is_held_out, iter_documents
 from ..errors import InvalidCorpusError, JobCancelled
 from ..options import BY_NAME, DEFAULTS
 from .bpe_continuation import Continuation, continue_bpe
@@ -63,30 +63,6 @@ def mine_terms(
         tokenizer, documents, source={"file": path.name if corpus_name is None else corpus_name, "text_field": text_field},
         max_new_tokens=max_new_tokens, min_frequency=min_frequency, mining_unit=mining_unit,
         filters=filters or MiningFilters(), should_cancel=should_cancel, param="corpus", embedding_rows=embedding_rows,
-    )
-
-
-def mine_texts(
-    tokenizer,
-    texts: list[str],
-    *,
-    max_new_tokens: int = DEFAULTS["max_new_tokens"],
-    min_frequency: int = DEFAULTS["min_frequency"],
-    mining_unit: str = DEFAULTS["mining_unit"],
-    filters: MiningFilters | None = None,
-    should_cancel: Callable[[], bool] | None = None,
-) -> MiningResult:
-    """Mine inline text (e.g. a request's corpus_text); blank lines separate documents."""
-    if isinstance(texts, str):
-        texts = [texts]
-
-    def documents() -> Iterator[str]:
-        return iter_texts(texts)
-
-    return _mine(
-        tokenizer, documents, source={"inline_texts": len(texts)},
-        max_new_tokens=max_new_tokens, min_frequency=min_frequency, mining_unit=mining_unit,
-        filters=filters or MiningFilters(), should_cancel=should_cancel, param="corpus_text",
     )
 
 

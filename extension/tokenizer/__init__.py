@@ -15,11 +15,11 @@ One module an idea, in the order a term travels:
   tokenizer_json.py  new ids (after every id in use), the extended tokenizer.json, loading it
                      as a transformers tokenizer, the checks that no old id moves
   extend.py          extend_tokenizer: the steps above, until every term checks out
-  append_merges.py   the corpus miner's entry points: append merges it chose
+  append_merges.py   the corpus miner's entry point: append the merges it chose
   results.py         ExtendedTokenizer and the records in it
 """
 
-from .append_merges import extend_with_merges, merges_fire_in_probe
+from .append_merges import extend_with_merges
 from .contexts import SPACE_CONTEXTS, START_CONTEXTS
 from .extend import MECHANISMS, extend_tokenizer
 from .probe_text import LLAMA_CPP_PROBE_TEXT, probe_text_unchanged
@@ -40,7 +40,6 @@ __all__ = [
     "clean_terms",
     "extend_tokenizer",
     "extend_with_merges",
-    "merges_fire_in_probe",
     "probe_text_unchanged",
     "read_terms_file",
 ]

@@ -7,7 +7,6 @@ from typing import Sequence
 from ..errors import InvalidOptionError
 from .base_view import BaseView
 from .merge_plan import MergePlan, MergeTable
-from .probe_text import merges_fired_in_probe
 from .results import ExtendedTokenizer, NewToken, TermExtension
 from .tokenizer_json import assign_ids, build_tokenizer, check_ids
 
@@ -62,16 +61,3 @@ def extend_with_merges(tokenizer, merges: Sequence[tuple[str, str]], *, embeddin
         skipped=[],
         merges=list(table.merges),
     )
-
-
-def merges_fire_in_probe(tokenizer, merges: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The merges (of `merges`, appended to `tokenizer`) that would fire inside llama.cpp's probe
-    text — any of them changes the probe's ids and makes the GGUF converter refuse the model."""
-    view = BaseView(tokenizer)
-    table = MergeTable(view.vocab)
-    merges = [tuple(pair) for pair in merges]
-    for left, right in merges:
-        if left + right not in view.vocab:
-            table.add(left, right)
-    fired = merges_fired_in_probe(view, table)
-    return [pair for pair in merges if pair in fired]

@@ -61,7 +61,7 @@ def test_cli_has_the_option_with_its_default_and_range(option):
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.name)
 def test_library_spec_default_and_range(option):
-    from extension.pipeline import validate_spec
+    from extension.job_plan import validate_spec
     from extension.spec import ExtendSpec
 
     spec = ExtendSpec(base_model="m", out_dir="o", terms=["kernel"])
@@ -127,3 +127,48 @@ def test_api_schema_and_errors_match(option, client, auth):
         error = response.json()["error"]
         assert error["param"] == option.api_path and error["code"] == "invalid_option"
         assert error["message"] == f"{option.api_path} must be {option.valid_range()}, got {value!r}"
+
+
+# Library parameters that mean an option: their defaults must BE the option table's (DEFAULTS[...]),
+# not a literal that happens to equal it today.
+LIBRARY_DEFAULTS = [
+    ("extension/init.py", "apply_rows", "pad_to_multiple_of"),
+    ("extension/rows.py", "attach", "pad_to_multiple_of"),
+    ("extension/rows.py", "RowsAdapter.__init__", "pad_to_multiple_of"),
+    ("extension/tokenizer/extend.py", "extend_tokenizer", "max_term_chars"),
+    ("extension/tokenizer/terms.py", "clean_terms", "max_term_chars"),
+    ("extension/evaluate.py", "evaluate_model", "eval_max_bytes"),
+    ("extension/evaluate.py", "score_documents", "eval_max_bytes"),
+]
+
+
+@pytest.mark.parametrize("path, function, option", LIBRARY_DEFAULTS)
+def test_library_defaults_are_the_option_tables(path, function, option):
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse((Path(__file__).resolve().parents[2] / path).read_text())
+    owner, _, function = function.rpartition(".")
+    if owner:
+        tree = next(node for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name == owner)
+    found = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef) and node.name == function]
+    assert found, f"{function} not in {path}"
+    arguments = found[0].args
+    names = [a.arg for a in arguments.args + arguments.kwonlyargs]
+    defaults = dict(zip([a.arg for a in arguments.args][-len(arguments.defaults):], arguments.defaults)) if arguments.defaults else {}
+    defaults.update({a.arg: d for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d is not None})
+    parameter = "max_bytes" if option == "eval_max_bytes" else option
+    assert parameter in names
+    assert ast.unparse(defaults[parameter]) == f"DEFAULTS['{option}']", ast.unparse(defaults[parameter])
+
+
+def test_device_options_help_names_every_accepted_value(capsys):
+    from app.cli import main
+    from extension.device_options import DEVICE_MAP_STRATEGIES, DEVICES, MAP_DEVICES
+    from extension.options import BY_NAME
+
+    with pytest.raises(SystemExit):
+        main(["extend", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for value in (*DEVICES, *DEVICE_MAP_STRATEGIES, *MAP_DEVICES):
+        assert value in help_text and value in BY_NAME["device_map"].help + BY_NAME["device"].help, value
