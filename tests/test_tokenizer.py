@@ -445,6 +445,10 @@ def test_clean_terms_limit_is_configurable_and_checked():
     with pytest.raises(InvalidOptionError) as err:
         clean_terms(["ok"], max_term_chars=0)
     assert err.value.param == "max_term_chars"
+    # the range is the option table's (1..1024), the one --help states: 1010 is allowed, 1025 is not
+    assert clean_terms(["x" * 1005], max_term_chars=1010) == (["x" * 1005], [])
+    with pytest.raises(InvalidOptionError, match="1 to 1,024"):
+        clean_terms(["ok"], max_term_chars=1025)
     with pytest.raises(InvalidTermsError, match="not one string"):
         clean_terms("hexadecimal")
 

@@ -7,7 +7,8 @@ import unicodedata
 from pathlib import Path
 from typing import Iterable
 
-from ..errors import InvalidOptionError, InvalidTermsError
+from ..errors import InvalidTermsError
+from ..options import BY_NAME, DEFAULTS
 from .results import SkippedTerm
 
 _FORBIDDEN_CATEGORIES = {"Cc", "Cs", "Zl", "Zp"}  # controls, lone surrogates, line/paragraph separators
@@ -69,15 +70,12 @@ def read_terms_file(path) -> list[str]:
     return terms
 
 
-def clean_terms(terms: Iterable[str], *, max_term_chars: int = 64) -> tuple[list[str], list[SkippedTerm]]:
+def clean_terms(terms: Iterable[str], *, max_term_chars: int = DEFAULTS['max_term_chars']) -> tuple[list[str], list[SkippedTerm]]:
     """Strip and validate terms. Raises InvalidTermsError listing every bad term; duplicates are
     reported as skipped and kept once (first occurrence)."""
     if isinstance(terms, str):
         raise InvalidTermsError("terms must be a list of strings, not one string; give one term per item", param="terms")
-    if not isinstance(max_term_chars, int) or isinstance(max_term_chars, bool) or not 1 <= max_term_chars <= 1000:
-        raise InvalidOptionError(
-            f"max_term_chars must be an integer from 1 to 1000, got {max_term_chars!r}", param="max_term_chars"
-        )
+    BY_NAME["max_term_chars"].check(max_term_chars)  # the range --help states, not a second copy of it
     problems: list[str] = []
     kept: list[str] = []
     counts: dict[str, int] = {}
