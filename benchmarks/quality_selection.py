@@ -14,6 +14,10 @@ Domains (read from Debian packages at run time, never copied into the repository
           after the init and learning-rate defaults were chosen, and never looked at before its run
   es      Spanish sayings, fortunes-es (where today's defaults were chosen)
   foldoc  English computing dictionary, dict-foldoc (where today's defaults were chosen)
+With `--dtype bfloat16` the base model is a bf16 copy of the built-in checkpoint (written once to
+.cache/smollm2-135m-bf16), given to the product as a local folder: a CPU job runs in the dtype the
+weights are stored in, so the job (and its "before" scoring, the base row) runs in bf16 on the CPU,
+as the frozen model of a GPU worker's job does (its new rows stay fp32).
 One fortune / entry / file is one document. Every system is evaluated on the product's own test
 split (`extension.corpus.split_of(doc) == "test"`), the first `--eval-bytes` of it, and on as many
 bytes of the default general English text.
@@ -30,6 +34,7 @@ Systems (one process, one after the other, torch seed 0 before each):
 token); "saving kept" = (base - published tokens/byte) / (base - offered tokens/byte).
 
     nice -n 5 python benchmarks/quality_selection.py --domain zh          # one domain per run
+    nice -n 5 python benchmarks/quality_selection.py --domain es --systems ours --dtype bfloat16 --out ...  # a bf16 job
     python benchmarks/quality_selection.py --domain zh --steps 2 --eval-bytes 3000 --out /tmp/q.md  # smoke
 """
 
@@ -68,6 +73,8 @@ SYSTEMS = ("ours", "ours_keep_all", "trainable_tokens")
 ZH_FILES = ("chinese", "song100", "tang300")
 RESULTS = REPO / "benchmarks" / "results"
 DEVICE_DEFAULTS = {o.name: dict(o.device_defaults) for o in OPTIONS if o.device_defaults}  # {"steps": {"cuda": 400}}
+DTYPES = ("float32", "bfloat16")
+BF16_COPY = "smollm2-135m-bf16"  # the folder under the cache holding the bf16 copy of the built-in model
 
 
 # -- data -------------------------------------------------------------------------------------
@@ -100,6 +107,39 @@ def perl_documents() -> list[str]:
 def documents(domain: str) -> list[str]:
     return {"zh": chinese_documents, "cmake": cmake_documents, "perl": perl_documents, "es": quality.spanish_documents,
             "foldoc": quality.foldoc_documents}[domain]()
+
+
+# -- the base model ---------------------------------------------------------------------------
+def bf16_copy(cache: Path) -> Path:
+    """A bf16 copy of the built-in SmolLM2 (model and tokenizer), written once under `cache`."""
+    from filelock import FileLock
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from extension.models import ModelSources, resolve_model
+
+    target = cache / BF16_COPY
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if (target / "config.json").exists():
+            return target
+        path = resolve_model("smollm2-135m", ModelSources(cache_dir=cache)).path
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        staging = Path(tempfile.mkdtemp(prefix=f".{BF16_COPY}.", dir=target.parent))
+        try:
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def base_model_of(dtype: str, cache: Path) -> str:
+    """ExtendSpec.base_model for a run in `dtype`: the built-in name, or the bf16 copy's folder."""
+    return "smollm2-135m" if dtype == "float32" else str(bf16_copy(cache))
 
 
 # -- systems ----------------------------------------------------------------------------------
@@ -160,10 +200,19 @@ def run_trainable_tokens(spec, test_docs: list[str], train_docs: list[str], eval
             "loss_last": sum(h["loss"] for h in history[-10:]) / max(1, len(history[-10:]))}
 
 
-def evaluate_base(test_docs: list[str], eval_bytes: int) -> dict:
+def evaluate_base(test_docs: list[str], eval_bytes: int, base_model: str) -> dict:
+    """The base scored here (when the product published nothing): the same checkpoint, loaded as
+    the pipeline loads it on a CPU (in its stored dtype)."""
     from extension.evaluate import evaluate_model, load_general_text
 
-    model, tokenizer = quality.load_base()
+    if base_model == "smollm2-135m":
+        model, tokenizer = quality.load_base()
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(base_model)
+        model = AutoModelForCausalLM.from_pretrained(base_model, dtype="auto").eval()
+        model.requires_grad_(False)
     return evaluate_model(model, tokenizer, test_docs, load_general_text(), max_bytes=eval_bytes)
 
 
@@ -206,7 +255,7 @@ def _result(args, command: str, data: dict, base: dict | None, rows: list[dict],
     offered = next((r["metrics"]["domain"]["tokens_per_byte"] for r in rows if r["system"] == "trainable_tokens" and r["published"]), None)
     if offered is None:
         offered = next((r["metrics"]["domain"]["tokens_per_byte"] for r in rows if r["system"] == "ours_keep_all" and r["published"]), None)
-    return {"domain": args.domain, "command": command, "eval_bytes": args.eval_bytes, "steps": args.steps,
+    return {"domain": args.domain, "command": command, "eval_bytes": args.eval_bytes, "steps": args.steps, "dtype": args.dtype,
             "defaults": {k: DEFAULTS[k] for k in ("max_new_tokens", "min_frequency", "steps", "batch_size", "seq_len", "lr",
                                                    "embedding_lr_multiplier", "selection", "mining_unit")},
             "device_defaults": DEVICE_DEFAULTS,
@@ -250,6 +299,9 @@ def main() -> None:
                              "(run on this CPU, it measures what a GPU job trains); other values for smoke runs only")
     parser.add_argument("--mining-unit", choices=BY_NAME["mining_unit"].choices, default=DEFAULTS["mining_unit"],
                         help="for comparing the mining units before choosing the default (default: the product's)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="the base model's dtype: bfloat16 runs the job on a bf16 copy of the built-in model "
+                             "(the frozen model's dtype in a GPU worker's job), on the CPU; default float32")
     parser.add_argument("--max-docs", type=int, default=0, help="for smoke runs only: the first N documents (0: all)")
     parser.add_argument("--out", type=Path, help="default benchmarks/results/quality_<domain>.md")
     parser.add_argument("--report", type=Path, metavar="JSON", help="only rewrite the .md next to an earlier run's .json")
@@ -268,6 +320,8 @@ def main() -> None:
     for name in systems:
         if name not in SYSTEMS:
             parser.error(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}")
+    if args.dtype != "float32" and "trainable_tokens" in systems:
+        parser.error("--dtype bfloat16 measures the product's job only (ours, ours_keep_all), not trainable_tokens")
     out = args.out or RESULTS / f"quality_{args.domain}.md"
     cache = Path(os.environ.get("TIDE_TEST_CACHE") or REPO / ".cache")
     command = "nice -n 5 python benchmarks/quality_selection.py " + " ".join(sys.argv[1:])
@@ -283,13 +337,15 @@ def main() -> None:
     data = {"documents": {s: len(v) for s, v in splits.items()},
             "bytes": {s: sum(len(d.encode("utf-8")) for d in v) for s, v in splits.items()}}
     log(f"{data}")
+    base_model = base_model_of(args.dtype, cache)
+    log(f"base model {base_model} ({args.dtype})")
     rows: list[dict] = []
     base: dict | None = None
     work = Path(tempfile.mkdtemp(prefix=f"tide_quality_{args.domain}_"))
     try:
         corpus = work / f"{args.domain}.jsonl"
         corpus.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
-        spec = ExtendSpec(base_model="smollm2-135m", out_dir=str(work / "ours"), corpus_path=corpus,
+        spec = ExtendSpec(base_model=base_model, allow_local_paths=True, out_dir=str(work / "ours"), corpus_path=corpus,
                           corpus_name=args.domain, eval_max_bytes=args.eval_bytes, steps=args.steps,
                           mining_unit=args.mining_unit)
         for name in ("ours", "ours_keep_all"):
@@ -305,7 +361,7 @@ def main() -> None:
             log(f"{name} done in {seconds:.0f}s" + (f": {failure['error'][:200]}" if failure else ""))
         if base is None:
             log("base ...")
-            base = evaluate_base(splits["test"], args.eval_bytes)
+            base = evaluate_base(splits["test"], args.eval_bytes, base_model)
         if "trainable_tokens" in systems:
             log("trainable_tokens ...")
             save(out, _result(args, command, data, base, rows, started))
@@ -352,9 +408,11 @@ def report(result: dict) -> str:
     bd, bg = base["domain"], base["general"]
     d = result["defaults"]
     device = _steps_default_of(result)
+    dtype = result.get("dtype", "float32")  # runs before --dtype existed: fp32
     lines = [
         f"# Quality at the product's {device + ' ' if device else ''}defaults"
-        f"{'' if device else ', but ' + str(result['steps']) + ' steps'}: {DOMAINS[domain]} (issue 11)",
+        f"{'' if device else ', but ' + str(result['steps']) + ' steps'}: {DOMAINS[domain]} (issue 11)"
+        + ("" if dtype == "float32" else f", base model in {dtype}"),
         "",
         (f"Command: `{result['command']}` ({result['seconds'] / 60:.0f} min on 2 shared CPU cores)."
          if isinstance(result["command"], str) else
@@ -374,7 +432,10 @@ def report(result: dict) -> str:
         f"{result['data']['documents']['validation']:,} / {result['data']['documents']['test']:,} "
         f"({result['data']['bytes']['train']:,} / {result['data']['bytes']['validation']:,} / "
         f"{result['data']['bytes']['test']:,} bytes), split by the product's hash (extension.corpus.split_of). "
-        f"Model: SmolLM2-135M-Instruct, fp32, CPU. Product defaults: up to {d['max_new_tokens']} mined tokens "
+        + ("Model: SmolLM2-135M-Instruct, fp32, CPU. " if dtype == "float32" else
+           f"Model: SmolLM2-135M-Instruct, {dtype} (a {dtype} copy of the built-in checkpoint, given to the job as a "
+           f"local folder: the job and its \"before\" scoring run in {dtype}; the new rows train in fp32), CPU. ")
+        + f"Product defaults: up to {d['max_new_tokens']} mined tokens "
         f"(min frequency {d['min_frequency']}, mining unit {result.get('mining_unit', d.get('mining_unit', 'pairs'))!r}"
         f"{'' if result.get('mining_unit', d.get('mining_unit')) == d.get('mining_unit') else ', NOT the default'}), {result['steps']} steps ({'the ' + device + ' default' if device else 'NOT a default'}) x batch {d['batch_size']} x seq {d['seq_len']}, "
         f"lr {d['lr']} x {d['embedding_lr_multiplier']} for the rows, selection {d['selection']!r}; "
@@ -385,7 +446,7 @@ def report(result: dict) -> str:
         "Bits per byte: lower is better; percentages against the base model in the same run. "
         "Saving kept = (base - published tokens/byte) / (base - offered tokens/byte)."
         + (" A GPU worker's default budget, measured on the CPU in fp32: a GPU job computes the frozen model in bf16 "
-           "(the new rows in fp32), which this run does not measure." if device == "GPU" else ""),
+           "(the new rows in fp32), which this run does not measure." if device == "GPU" and dtype == "float32" else ""),
         "",
         "| system | domain bits/byte | general bits/byte | tokens/byte | new tokens | saving kept | wall time | notes |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
