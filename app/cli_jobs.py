@@ -1,5 +1,5 @@
 """`tide jobs ...`: submit, list, show, wait, events, cancel, delete and download jobs of a TIDE
-server, through app.client (HTTP only, like any outside user).
+server, and list or delete its stored corpora, through app.client (HTTP only, like any outside user).
 
 The server URL and key come from --url / --api-key or TIDE_URL / TIDE_API_KEY (prefer the
 variable for the key: a flag shows up in the process list)."""
@@ -55,6 +55,12 @@ def register(sub) -> None:
         if name == "wait":
             command.add_argument("--timeout", type=float, help="give up after this many seconds")
         command.set_defaults(handler=handler)
+
+    files = add("files", help="your stored corpora (uploads and inline corpus_text): size, age, the jobs that use them")
+    files.set_defaults(handler=_files)
+    delete_file = add("delete-file", help="delete a stored corpus; its bytes leave your storage quota")
+    delete_file.add_argument("file_id")
+    delete_file.set_defaults(handler=_delete_file)
 
     events = add("events", help="a job's events, one JSON object a line")
     events.add_argument("job_id")
@@ -178,6 +184,24 @@ def _delete(args) -> int:
     def action(client):
         client.delete(args.job_id)
         print(f"{args.job_id} deleted")
+
+    return _run(args, action)
+
+
+def _files(args) -> int:
+    def action(client):
+        print(f"{'id':<37} {'bytes':>13}  {'created (UTC)':<19}  {'jobs':<45}  name")
+        for stored in client.files():
+            jobs = ", ".join(f"{job['id']} ({job['status']})" for job in stored["jobs"]) or "-"
+            print(f"{stored['id']:<37} {stored['bytes']:>13,}  {stored['created_at'][:19].replace('T', ' '):<19}  {jobs:<45}  {stored['filename']}")
+
+    return _run(args, action)
+
+
+def _delete_file(args) -> int:
+    def action(client):
+        client.delete_file(args.file_id)
+        print(f"{args.file_id} deleted")
 
     return _run(args, action)
 

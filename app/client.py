@@ -148,6 +148,26 @@ class TideClient:
         with path.open("rb") as handle:
             return self._json("POST", "/files", files={"file": (path.name, handle, "application/octet-stream")}, data=data)
 
+    def files(self, limit: int = 100) -> list[dict]:
+        """GET /files, every page: the key's stored corpora, newest first, each with the jobs that use it."""
+        files: list[dict] = []
+        cursor = None
+        while True:
+            params = {"limit": limit, **({"cursor": cursor} if cursor else {})}
+            page = self._json("GET", "/files", params=params)
+            files += page["data"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return files
+
+    def file(self, file_id: str) -> dict:
+        return self._json("GET", f"/files/{file_id}")
+
+    def delete_file(self, file_id: str) -> None:
+        """DELETE /files/{id}: its bytes leave the key's storage quota. A file a queued or running
+        job uses raises ClientError (status 409, code file_in_use, the message names the job)."""
+        self._json("DELETE", f"/files/{file_id}")
+
     def submit(
         self,
         base_model: str,

@@ -36,8 +36,8 @@ def check_storage(db: Session, key: ApiKey, settings: Settings) -> None:
             507, "storage_quota_exceeded",
             f"this API key keeps {_size(used)} of finished models and uploaded corpora on the server and its limit is "
             f"{_size(limit)}; delete jobs whose models you have downloaded (DELETE /jobs/{{id}}, which also deletes "
-            f"their inline corpus), or wait: models and uploads expire {settings.artifact_ttl_hours:g} hours after they "
-            "were made; then try again",
+            "their inline corpus) or corpora you no longer need (GET /files lists them, DELETE /files/{id}), or wait: "
+            f"models and uploads expire {settings.artifact_ttl_hours:g} hours after they were made; then try again",
         )
 
 

@@ -144,13 +144,30 @@ class EventList(BaseModel):
     next_after: int = Field(description="Use as ?after= on the next poll")
 
 
+class FileJob(BaseModel):
+    id: str
+    status: JobStatus
+
+
 class FileObject(BaseModel):
     id: str
-    filename: str
-    bytes: int
+    filename: str = Field(description="The name the upload gave (at most 255 characters), as given")
+    bytes: int = Field(description="Counted against the key's TIDE_MAX_STORED_BYTES_PER_KEY until the file is deleted")
     sha256: str
     documents: int = Field(description="Documents found (blank-line separated text, or JSONL records)")
+    source: Literal["upload", "inline"] = Field(
+        "upload", description="upload: POST /files; inline: a POST /extend corpus_text, deleted with its job"
+    )
+    jobs: list[FileJob] = Field(
+        default_factory=list,
+        description="Jobs that use this corpus, newest first; while one is queued or running the file cannot be deleted",
+    )
     created_at: datetime
+
+
+class FileList(BaseModel):
+    data: list[FileObject]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next (older) page; null on the last page")
 
 
 class ArtifactFile(BaseModel):

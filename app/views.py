@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .db.files import FileUser
 from .db.models import Job, StoredFile
 from . import schemas
 
@@ -38,8 +39,9 @@ def job_view(job: Job) -> schemas.Job:
     )
 
 
-def file_view(stored: StoredFile) -> schemas.FileObject:
+def file_view(stored: StoredFile, users: list[FileUser] = ()) -> schemas.FileObject:
     return schemas.FileObject(
         id=stored.id, filename=stored.filename, bytes=stored.bytes, sha256=stored.sha256,
-        documents=stored.documents, created_at=stored.created_at,
+        documents=stored.documents, source=stored.source, created_at=stored.created_at,
+        jobs=[schemas.FileJob(id=user.job_id, status=user.status) for user in users],
     )

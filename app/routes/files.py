@@ -1,20 +1,24 @@
-"""Corpus uploads."""
+"""Corpus uploads: store, list, read, delete."""
 
 from __future__ import annotations
 
 import os
+from typing import Annotated
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from extension.corpus import CorpusFormat, check_corpus
 from extension.errors import InvalidCorpusError
 
+from ..db.files import FileInUse, FileNotFound, owned_file, users_of
+from ..db.files import delete_file as db_delete_file
+from ..db.files import list_files as db_list_files
 from ..db.models import StoredFile
 from ..deps import KeyDep, SessionsDep, SettingsDep
 from ..errors import ApiError
 from ..quotas import check_storage
-from ..schemas import ErrorResponse, FileObject
+from ..schemas import ErrorResponse, FileList, FileObject
 from ..storage import upload_path
 from ..submission import new_file_id
 from ..uploads import receive_file
@@ -91,10 +95,65 @@ def _save(sessions, stored: StoredFile) -> None:
         db.commit()
 
 
-@router.get("/files/{file_id}", response_model=FileObject, summary="An uploaded corpus", responses={404: {"model": ErrorResponse, "description": "No such file for this API key"}})
+_NO_FILE = {404: {"model": ErrorResponse, "description": "No such file for this API key"}}
+
+
+def _not_found(file_id: str) -> ApiError:
+    # Another key's file is indistinguishable from no file at all.
+    return ApiError(404, "not_found", f"no file {file_id!r} for this API key; list yours with GET /files", "file_id")
+
+
+@router.get("/files", response_model=FileList, summary="Your stored corpora, newest first, with the jobs that use them")
+def list_files(
+    sessions: SessionsDep,
+    key: KeyDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: Annotated[str | None, Query(max_length=64, description="next_cursor from the previous page")] = None,
+) -> FileList:
+    with sessions() as db:
+        after = None
+        if cursor is not None:
+            try:
+                after = owned_file(db, key, cursor)
+            except FileNotFound:
+                raise ApiError(
+                    422, "invalid_request",
+                    f"cursor {cursor[:64]!r} is not a page cursor (or its file was deleted since); pass the next_cursor "
+                    "value of the previous page, or leave cursor out for the first page",
+                    "cursor",
+                ) from None
+        page = db_list_files(db, key, limit=limit, after=after)
+    return FileList(data=[file_view(stored, users) for stored, users in page.files], next_cursor=page.next_cursor)
+
+
+@router.get("/files/{file_id}", response_model=FileObject, summary="A stored corpus", responses=_NO_FILE)
 def get_file(file_id: str, sessions: SessionsDep, key: KeyDep) -> FileObject:
     with sessions() as db:
-        stored = db.get(StoredFile, file_id)
-    if stored is None or stored.owner_id != key.id:
-        raise ApiError(404, "not_found", f"no file {file_id!r} for this API key", "file_id")
-    return file_view(stored)
+        try:
+            stored = owned_file(db, key, file_id)
+        except FileNotFound:
+            raise _not_found(file_id) from None
+        return file_view(stored, users_of(db, [stored.id])[stored.id])
+
+
+@router.delete(
+    "/files/{file_id}",
+    status_code=204,
+    summary="Delete a stored corpus; its bytes leave the key's storage quota",
+    responses={**_NO_FILE, 409: {"model": ErrorResponse, "description": "A queued or running job uses the file"}},
+)
+def delete_file(file_id: str, sessions: SessionsDep, key: KeyDep) -> Response:
+    with sessions() as db:
+        try:
+            db_delete_file(db, key, file_id)
+        except FileNotFound:
+            raise _not_found(file_id) from None
+        except FileInUse as exc:
+            job = exc.user.job_id
+            raise ApiError(
+                409, "file_in_use",
+                f"file {file_id} is the corpus of job {job}, which is {exc.user.status}; wait until it finishes "
+                f"(GET /jobs/{job}) or cancel it (POST /jobs/{job}/cancel), then delete the file",
+                "file_id",
+            ) from None
+    return Response(status_code=204)
