@@ -28,7 +28,7 @@ from .db.browser_sessions import COOKIE_NAME
 from .deps import browser_key, key_for_token
 from .errors import ApiError, error_response
 from .settings import Settings
-from .uploads import MULTIPART_OVERHEAD
+from .uploads import MULTIPART_OVERHEAD, upload_too_large
 
 UPLOAD_PATH = "/files"
 LOGIN_PATH = "/ui/login"
@@ -58,13 +58,18 @@ class RequestGuard:
             return LOGIN_BODY_BYTES, "the sign-in form's limit", "sign-in form"
         return self.settings.max_request_body_bytes, "TIDE_MAX_REQUEST_BODY_BYTES", "request body"
 
-    def _too_large(self, scope: Scope, size: str) -> ApiError:
+    def _too_large(self, scope: Scope, declared: str | None) -> ApiError:
+        """`declared`: the Content-Length over the limit; None: a streamed body that passed it."""
         limit, setting, what = self._limit(scope)
-        hint = "split the corpus" if what == "upload" else "upload big corpora with POST /files and pass corpus_file_id"
+        if what == "upload":
+            # The body may exceed the file's limit by the multipart framing, so a body past its own
+            # limit holds a file past TIDE_MAX_UPLOAD_BYTES: that is the one number a client sees.
+            file_limit = self.settings.max_upload_bytes
+            return upload_too_large(f"{declared} bytes" if declared else f"more than {file_limit} bytes", file_limit)
+        size = declared or f"more than {limit}"
+        hint = "upload big corpora with POST /files and pass corpus_file_id"
         return ApiError(
-            413, "file_too_large" if what == "upload" else "payload_too_large",
-            f"the {what} is {size} bytes, over this server's limit of {limit} bytes ({setting}); {hint}",
-            "file" if what == "upload" else "body",
+            413, "payload_too_large", f"the {what} is {size} bytes, over this server's limit of {limit} bytes ({setting}); {hint}", "body",
         )
 
     def _bearer_key(self, headers: Headers):
@@ -131,7 +136,7 @@ class _Guarded:
         if message["type"] == "http.request":
             self.received += len(message.get("body", b""))
             if self.received > self.limit:
-                self.refusal = self.guard._too_large(self.scope, f"more than {self.limit}")
+                self.refusal = self.guard._too_large(self.scope, None)
                 raise _BodyRefused()
             if not message.get("more_body", False):
                 self.body_done = True

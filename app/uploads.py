@@ -21,6 +21,10 @@ from starlette.concurrency import run_in_threadpool
 from .errors import ApiError
 
 _FIELD_LIMIT = 1024  # small text fields (text_field) only
+MAX_FILENAME_CHARS = 255  # what every common file system allows a name; the files table's column too
+# One part header line may be this long: python-multipart's default (4 KiB) would cut a long file
+# name off as a "malformed body"; up to here we read it and name the limit it broke.
+_HEADER_LIMIT = 32 * 1024
 MULTIPART_OVERHEAD = 64 * 1024  # part headers and boundaries around a file of the largest allowed size
 _HOW = "send the corpus as multipart/form-data with the file in a field named 'file' (curl -F file=@corpus.txt)"
 
@@ -77,6 +81,9 @@ def _callbacks(state: _State) -> dict:
                 state.problem = ApiError(422, "invalid_request", f"more than one 'file' part; {_HOW}", "file")
                 return
             state.filename = options.get(b"filename", b"corpus.txt").decode("utf-8", "replace") or "corpus.txt"
+            if len(state.filename) > MAX_FILENAME_CHARS:
+                state.problem = _filename_too_long(len(state.filename))
+                return
             state.handle = state.partial.open("wb")
 
     def on_part_data(data: bytes, start: int, end: int) -> None:
@@ -86,11 +93,7 @@ def _callbacks(state: _State) -> dict:
         if state.part_name == "file" and state.handle is not None:
             state.written += len(chunk)
             if state.written > state.limit:
-                state.problem = ApiError(
-                    413, "file_too_large",
-                    f"the upload is larger than this server's limit of {state.limit} bytes; split the corpus or ask for a higher TIDE_MAX_UPLOAD_BYTES",
-                    "file",
-                )
+                state.problem = upload_too_large(f"more than {state.limit} bytes", state.limit)
                 return
             state.hasher.update(chunk)
             state.handle.write(chunk)
@@ -126,13 +129,9 @@ async def receive_file(request: Request, partial: Path, limit: int) -> ReceivedF
         raise ApiError(415, "unsupported_media_type", f"expected multipart/form-data; {_HOW}", "file")
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + MULTIPART_OVERHEAD:
-        raise ApiError(
-            413, "file_too_large",
-            f"the upload ({declared} bytes) is larger than this server's limit of {limit} bytes; split the corpus or ask for a higher TIDE_MAX_UPLOAD_BYTES",
-            "file",
-        )
+        raise upload_too_large(f"{declared} bytes", limit)
     state = _State(limit=limit, partial=partial)
-    parser = MultipartParser(boundary, _callbacks(state))
+    parser = MultipartParser(boundary, _callbacks(state), max_header_size=_HEADER_LIMIT)
     try:
         await run_in_threadpool(partial.parent.mkdir, parents=True, exist_ok=True)
         async for chunk in request.stream():
@@ -167,8 +166,37 @@ async def receive_file(request: Request, partial: Path, limit: int) -> ReceivedF
         raise  # any other disk error is the server's fault: logged, answered 500
     except Exception as exc:  # the multipart parser's own errors: a malformed body
         await run_in_threadpool(_discard, state)
+        if "header size" in str(exc):
+            raise ApiError(
+                422, "invalid_request",
+                f"a part header of the multipart body is longer than {_HEADER_LIMIT} bytes (with a file name of at most "
+                f"{MAX_FILENAME_CHARS} characters it is far shorter); {_HOW}",
+                "file",
+            ) from None
         raise ApiError(422, "invalid_request", f"malformed multipart body ({type(exc).__name__}); {_HOW}", "file") from None
     return ReceivedFile(state.filename or "corpus.txt", partial, state.written, state.hasher.hexdigest(), state.fields)
+
+
+def upload_too_large(size: str, limit: int) -> ApiError:
+    """The one 413 of an upload, whoever notices (app.guard from the body's length, the parser from
+    the file's): it quotes TIDE_MAX_UPLOAD_BYTES, the file's limit, never the body's (the file plus
+    MULTIPART_OVERHEAD of multipart framing, which is ours to allow, not the client's to count)."""
+    return ApiError(
+        413, "file_too_large",
+        f"the upload is {size}, over this server's limit of {limit} bytes for a corpus file (TIDE_MAX_UPLOAD_BYTES); "
+        "split the corpus into smaller files, or ask the operator for a higher TIDE_MAX_UPLOAD_BYTES",
+        "file",
+    )
+
+
+def _filename_too_long(length: int) -> ApiError:
+    return ApiError(
+        422, "filename_too_long",
+        f"the upload's file name has {length} characters and the limit is {MAX_FILENAME_CHARS}: it is how GET /files "
+        "shows the upload, so it is kept as given, never cut; rename the file, or send a shorter name "
+        "(curl -F 'file=@corpus.txt;filename=corpus.txt'); a .jsonl or .ndjson ending makes it a JSONL corpus",
+        "file",
+    )
 
 
 def _sync_and_close(handle) -> None:

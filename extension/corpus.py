@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -140,19 +142,56 @@ def split_documents(path: Path, split: str, **kwargs) -> Iterator[str]:
     return (doc for doc in iter_documents(path, **kwargs) if split_of(doc) == split)
 
 
+# Any letter or digit but the Hangul fillers (letters that show as blanks), found by the C regex
+# engine: real text is settled by its first characters.
+_WORD_CHARACTER = re.compile(r"[^\W_\u115f\u1160\u3164\uffa0]")
+# Controls, whitespace and the common format characters (zero-width, bidi, word joiners, BOM),
+# also removed by the regex engine, so a corpus made of them is judged without a Python loop.
+_COMMON_INVISIBLE = re.compile(r"[\x00-\x20\x7f-\xa0\u00ad\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\s]+")
+
+
+def _visible(document: str) -> bool:
+    """Whether the document holds a letter, digit, punctuation mark or symbol: something a
+    tokenizer can turn into a term. Control, format, private-use and unassigned characters,
+    separators and lone combining marks are not."""
+    if _WORD_CHARACTER.search(document):
+        return True
+    rest = _COMMON_INVISIBLE.sub("", document)
+    return any(unicodedata.category(char)[0] in "PS" for char in rest)
+
+
+def _first_invisible(document: str) -> str:
+    char = next((c for c in document if not c.isspace()), document[0])
+    return f"U+{ord(char):04X} ({unicodedata.category(char)})"
+
+
 def check_corpus(path: Path, **kwargs) -> tuple[int, int]:
     """Validate the whole file once up front (so a job fails fast, not mid-training).
 
-    Returns (documents, bytes). An empty corpus is an error.
+    Returns (documents, bytes). An empty corpus is an error, and so is one whose documents hold
+    only invisible characters (controls, format characters): mining would find nothing in it.
     """
     count = size = 0
+    visible = False
+    first_document = ""
     for doc in iter_documents(path, **kwargs):
         count += 1
         size += len(doc.encode("utf-8"))
+        if not visible:
+            visible = _visible(doc)
+            first_document = first_document or doc
+    label = _label(Path(path), kwargs.get("label"))
     if count == 0:
         raise InvalidCorpusError(
-            f"{_label(Path(path), kwargs.get('label'))} is empty (no non-blank text); give a UTF-8 text file with "
+            f"{label} is empty (no non-blank text); give a UTF-8 text file with "
             "documents separated by blank lines, or JSONL with a text field",
+            param="corpus",
+        )
+    if not visible:
+        raise InvalidCorpusError(
+            f"{label} has no visible text: its {count} document{'s' if count != 1 else ''} hold only control, format or "
+            f"other invisible characters (the first is {_first_invisible(first_document)}), so no term can be mined "
+            "from it; give UTF-8 text with words in it",
             param="corpus",
         )
     return count, size

@@ -72,6 +72,35 @@ def test_authenticated_body_over_the_limit_is_413(server, api_key):
     assert streamed.closed and streamed.sent < 16 * 1024 * 1024, streamed.sent
 
 
+def test_every_413_of_an_upload_quotes_the_one_limit(server, api_key, service_settings):
+    """Issue 25 item 8: the guard (from the body's length) quoted the file limit plus the multipart
+    allowance, the parser the file limit. Every door now quotes TIDE_MAX_UPLOAD_BYTES alone."""
+    from app.uploads import MULTIPART_OVERHEAD
+
+    limit = service_settings.max_upload_bytes
+    head = b'--XyZ\r\nContent-Disposition: form-data; name="file"; filename="big.txt"\r\n\r\n'
+
+    def upload(file_bytes: int, *, declared: bool) -> dict:
+        body = head + b"a" * file_bytes + b"\r\n--XyZ--\r\n"
+        if declared:
+            start = _head("POST", "/files", key=api_key, length=len(body), content_type="multipart/form-data; boundary=XyZ")
+            chunks = (body[i:i + 65536] for i in range(0, len(body), 65536))
+        else:
+            start = _head("POST", "/files", key=api_key, chunked=True, content_type="multipart/form-data; boundary=XyZ")
+            chunks = (f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (body[i:i + 65536] for i in range(0, len(body), 65536)))
+        return _error(request(server, start, chunks), 413, "file", "file_too_large")
+
+    answers = {
+        "Content-Length past the body's limit (the guard)": upload(limit + MULTIPART_OVERHEAD + 1, declared=True),
+        "chunked past the body's limit (the guard)": upload(limit + 2 * MULTIPART_OVERHEAD, declared=False),
+        "Content-Length within the body's limit, the file past its own (the parser)": upload(limit + 1, declared=True),
+        "chunked, the file just past its limit (the parser)": upload(limit + 1, declared=False),
+    }
+    for door, error in answers.items():
+        assert f"limit of {limit} bytes" in error["message"] and "TIDE_MAX_UPLOAD_BYTES" in error["message"], (door, error)
+        assert str(limit + MULTIPART_OVERHEAD) not in error["message"], (door, error)
+
+
 def test_a_body_within_the_limit_still_works(server, api_key):
     body = b'{"base_model": "no-such-model", "terms": ["kernel"]}'
     answer = request(server, _head("POST", "/extend", key=api_key, length=len(body)) + body)

@@ -223,6 +223,36 @@ def test_upload_rejects_binary_and_empty(client, auth):
     assert_error(client.post("/files", files={"file": ("e.txt", b"  \n\n \n")}, headers=auth), 422, "file", "invalid_corpus")
 
 
+def test_a_corpus_of_only_control_characters_is_refused_at_upload(client, auth, service_settings):
+    """Issue 25 item 8: valid UTF-8, every document non-blank, and not one character a term could
+    be mined from: refused at upload (and inline), not minutes later at `mine`."""
+    before = set(service_settings.resolved_uploads_dir.iterdir())
+    invisible = "\x01\x02\x03\x7f\n\n\x04\u200b\u200e\n\n\x05\x06\u3164\n".encode("utf-8")
+    error = assert_error(client.post("/files", files={"file": ("c.txt", invisible)}, headers=auth), 422, "file", "invalid_corpus")
+    assert "no visible text" in error["message"] and "3 documents" in error["message"] and "U+0001" in error["message"]
+    assert set(service_settings.resolved_uploads_dir.iterdir()) == before  # nothing kept
+    jsonl = b'{"text": "\\u0001\\u0002"}\n{"text": "\\u0007"}\n'
+    assert_error(client.post("/files", files={"file": ("c.jsonl", jsonl)}, headers=auth), 422, "file", "invalid_corpus")
+    inline = client.post("/extend", json={"base_model": TINY_MODEL, "corpus_text": "\x01\x02\n\n\x03"}, headers=auth)
+    assert "no visible text" in assert_error(inline, 422, "corpus_text", "invalid_corpus")["message"]
+    # one visible character among the controls is text (emoji, punctuation and non-Latin scripts too)
+    for text in ("\x01\x02\n\nß\x03", "\x01🙂", "\x01 — ", "\x01日本"):
+        assert client.post("/files", files={"file": ("c.txt", text.encode())}, headers=auth).status_code == 201, text
+
+
+def test_a_long_file_name_gets_an_error_naming_the_limit(client, auth, service_settings):
+    """Issue 25 item 8: a 5,000-character file name was "malformed multipart body". The name is how
+    GET /files shows the upload, so it is refused (never cut) with the limit; 255 is accepted as given."""
+    before = set(service_settings.resolved_uploads_dir.iterdir())
+    for name in ("x" * 4996 + ".txt", "é" * 300 + ".txt", "n" * 256):
+        error = assert_error(client.post("/files", files={"file": (name, b"some text")}, headers=auth), 422, "file", "filename_too_long")
+        assert f"has {len(name)} characters" in error["message"] and "limit is 255" in error["message"]
+    assert set(service_settings.resolved_uploads_dir.iterdir()) == before
+    longest = "c" * 249 + ".jsonl"
+    stored = client.post("/files", files={"file": (longest, b'{"text": "a document"}\n')}, headers=auth)
+    assert stored.status_code == 201 and stored.json()["filename"] == longest, stored.text
+
+
 def test_upload_over_the_limit_is_413_and_leaves_nothing(client, auth, service_settings):
     big = b"word " * (service_settings.max_upload_bytes // 5 + 10)
     error = assert_error(client.post("/files", files={"file": ("big.txt", big)}, headers=auth), 413, "file", "file_too_large")
