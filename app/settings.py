@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from extension.models import ModelSources
+from extension.models import SCORE_CACHE_MAX_BYTES, ModelSources
 from extension.options import BY_NAME, DEFAULTS
 
 
@@ -23,6 +23,11 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("data"), description="Root for all state unless a part is pointed elsewhere")
     cache_dir: Path | None = Field(None, description="Converted built-in models (default DATA_DIR/cache)")
     models_dir: Path | None = Field(None, description="Folder of saved HF models offered by name (default DATA_DIR/models)")
+    score_cache_max_bytes: int = Field(
+        SCORE_CACHE_MAX_BYTES, ge=0,
+        description="Most bytes the base model's cached evaluation scores (CACHE_DIR/scores) may take; the entries used "
+        "longest ago are removed past it (0 keeps none)",
+    )
     allow_hub: bool = Field(False, description="Accept Hugging Face hub ids as base_model (needs internet)")
     hf_token: str | None = Field(None, description="Token for gated hub models when allow_hub is on")
     database_url: str | None = Field(
@@ -201,6 +206,7 @@ class Settings(BaseSettings):
             models_dir=self.resolved_models_dir,
             allow_hub=self.allow_hub,
             hub_token=self.hf_token,
+            score_cache_max_bytes=self.score_cache_max_bytes,
         )
 
 

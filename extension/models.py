@@ -50,6 +50,11 @@ BUILTIN_MODELS = {
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
 
+# The base-model scores a worker keeps in cache_dir/scores stay under this many bytes by default
+# (TIDE_SCORE_CACHE_MAX_BYTES): about 300,000 entries, far more jobs than a server runs in a month.
+SCORE_CACHE_MAX_BYTES = 100_000_000
+
+
 @dataclass(frozen=True)
 class ModelSources:
     """Where models may come from. One value of this is built from the app settings."""
@@ -58,6 +63,7 @@ class ModelSources:
     models_dir: Path | None = None
     allow_hub: bool = False
     hub_token: str | None = None
+    score_cache_max_bytes: int = SCORE_CACHE_MAX_BYTES  # what cache_dir/scores may hold (extension/score_cache.py)
 
 
 @dataclass(frozen=True)

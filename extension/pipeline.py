@@ -124,7 +124,7 @@ def _evaluate(plan: JobPlan, model, vocabulary: "NewVocabulary", callbacks: Call
     general = load_general_text()
     held_out = _held_out_docs(plan)
     # The base model's scores of this text are kept across jobs (extension/score_cache.py).
-    score_cache = ScoreCache.for_model(Path(sources.cache_dir) / "scores", model)
+    score_cache = ScoreCache.for_model(Path(sources.cache_dir) / "scores", model, sources.score_cache_max_bytes)
     common = dict(max_bytes=spec.eval_max_bytes, batch_tokens=plan.eval_batch_tokens)
     # Two passes over the same chunks (before, then after): one progress bar across both.
     before = evaluate_model(model, plan.tokenizer, held_out, general, score_cache=score_cache, **common,

@@ -16,8 +16,13 @@ never changes, so it is kept, keyed by:
 Where: `<cache_dir>/scores/` — the cache folder the worker already keeps across jobs for the
 converted built-in models (ModelSources.cache_dir, TIDE_CACHE_DIR), not the job's work folder,
 which belongs to one job and is deleted when it ends (so a second job would never see it).
-Each entry is a small JSON file of numbers (no text), written atomically; entries are never
-evicted (a few hundred bytes each).
+Each entry is a small JSON file of numbers (no text), written atomically.
+
+Size: the folder is kept under `max_bytes` (TIDE_SCORE_CACHE_MAX_BYTES, default 100 MB) by
+least-recently-used eviction. A read touches its entry's mtime (atime is unreliable: relatime and
+noatime mounts), and each write, after it lands, removes the entries used longest ago until the
+folder fits. Several workers may share the folder: an entry another one removed first is simply
+gone, and a read that loses the race is a miss, never an error.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import tempfile
 from pathlib import Path
 
 import torch
+
+from .models import SCORE_CACHE_MAX_BYTES
 
 SCORING_VERSION = 1
 _SAMPLES_PER_TENSOR = 64
@@ -61,17 +68,18 @@ def sequences_digest(sequences: list[list[int]]) -> str:
 class ScoreCache:
     """Scores of one model, in `folder`. Build with `ScoreCache.for_model(folder, model)`."""
 
-    def __init__(self, folder: Path | str, model_key: str):
+    def __init__(self, folder: Path | str, model_key: str, max_bytes: int = SCORE_CACHE_MAX_BYTES):
         self.folder = Path(folder)
         self.model_key = model_key
+        self.max_bytes = max_bytes
         self.hits = 0
         self.misses = 0
 
     @classmethod
-    def for_model(cls, folder: Path | str, model) -> "ScoreCache":
+    def for_model(cls, folder: Path | str, model, max_bytes: int = SCORE_CACHE_MAX_BYTES) -> "ScoreCache":
         embedding = model.get_input_embeddings().weight
         key = json.dumps([SCORING_VERSION, model_fingerprint(model), embedding.device.type, str(embedding.dtype)])
-        return cls(folder, hashlib.sha256(key.encode()).hexdigest())
+        return cls(folder, hashlib.sha256(key.encode()).hexdigest(), max_bytes)
 
     def key(self, sequences: list[list[int]], **settings) -> str:
         text = json.dumps([self.model_key, sequences_digest(sequences), settings], sort_keys=True)
@@ -88,6 +96,7 @@ class ScoreCache:
             self.misses += 1
             return None
         self.hits += 1
+        _touch(path)
         return value
 
     def put(self, key: str, value: dict) -> None:
@@ -102,6 +111,36 @@ class ScoreCache:
         except OSError:  # a read-only or full cache folder costs the next job time, never this job
             if tmp is not None:
                 Path(tmp).unlink(missing_ok=True)
+        evict_least_recently_used(self.folder, self.max_bytes)
 
     def report(self) -> dict:
         return {"hits": self.hits, "misses": self.misses}
+
+
+def _touch(path: Path) -> None:
+    try:
+        os.utime(path)
+    except OSError:
+        pass  # removed meanwhile by another worker's eviction, or a read-only folder: still a hit
+
+
+def evict_least_recently_used(folder: Path, max_bytes: int) -> int:
+    """Remove the entries used longest ago until the folder's entries total at most `max_bytes`.
+    Returns the bytes the entries keep."""
+    entries = []
+    for path in folder.glob("*/*.json"):
+        try:
+            stat = path.stat()
+        except OSError:
+            continue  # removed by another worker since the listing
+        entries.append((stat.st_mtime_ns, path.name, stat.st_size, path))
+    total = sum(size for _used, _name, size, _path in entries)
+    for _used, _name, size, path in sorted(entries):
+        if total <= max_bytes:
+            break
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            continue  # a read-only folder: nothing to be done here, and the job goes on
+        total -= size
+    return total

@@ -110,3 +110,71 @@ def test_a_second_job_on_the_same_base_and_corpus_skips_the_base_scoring(tmp_pat
     assert metrics["second"]["before"]["domain"] == metrics["first"]["before"]["domain"]
     assert metrics["second"]["before"]["general"] == metrics["first"]["before"]["general"]
     assert any((tmp_path / "cache" / "scores").rglob("*.json"))
+
+
+def _entries(folder) -> dict[str, int]:
+    return {path.name: path.stat().st_size for path in folder.glob("*/*.json")}
+
+
+def test_the_cache_stays_under_its_limit_and_evicts_the_least_recently_used(tiny, tmp_path):
+    """Issue 25 item 9: TIDE_CACHE_DIR/scores had no size limit. Past its limit the entry used
+    longest ago goes, where a read counts as a use: an entry written first but read since stays."""
+    import time
+
+    model, tokenizer = tiny
+    third = foldoc_documents(12, skip=1700)
+    # Entry names depend on the model and the text only: learn each text's entry in a folder of its own.
+    names = {}
+    measure = tmp_path / "measure"
+    for label, domain in (("general", None), ("domain", DOMAIN), ("other", OTHER)):
+        before = set(_entries(measure)) if measure.exists() else set()
+        _evaluate(model, tokenizer, ScoreCache.for_model(measure, model), domain=domain)
+        (names[label],) = set(_entries(measure)) - before
+    sizes = sorted(_entries(measure).values())
+    limit = sum(sizes) + sizes[0] // 2  # three entries fit, a fourth does not
+
+    folder = tmp_path / "scores"
+
+    def evaluate(domain) -> tuple[dict, set[str]]:
+        time.sleep(0.05)  # file times step by a clock tick at least: each use is later than the last
+        cache = ScoreCache.for_model(folder, model, max_bytes=limit)
+        _evaluate(model, tokenizer, cache, domain=domain)
+        entries = _entries(folder)
+        assert sum(entries.values()) <= limit, (entries, limit)
+        return cache.report(), set(entries)
+
+    evaluate(DOMAIN)  # writes the domain entry, then the general one
+    evaluate(OTHER)  # writes the other domain entry, reads the general one
+    report, kept = evaluate(DOMAIN)  # reads the domain entry: OTHER's is now the one used longest ago
+    assert report == {"hits": 2, "misses": 0} and kept == {names["domain"], names["general"], names["other"]}
+
+    report, kept = evaluate(third)  # a fourth entry does not fit: one goes
+    assert report == {"hits": 1, "misses": 1}
+    assert len(kept) == 3 and names["other"] not in kept
+    assert names["domain"] in kept  # written before OTHER's entry, but read since
+    report, _kept = evaluate(OTHER)
+    assert report == {"hits": 1, "misses": 1}  # the evicted text is scored again
+
+
+def test_the_limit_setting_reaches_the_jobs_cache(tmp_path, tiny_model_dir, monkeypatch):
+    """TIDE_SCORE_CACHE_MAX_BYTES, through the settings, bounds what a real job (the CLI's) keeps:
+    at 0 the job still scores its base model but leaves no entry behind."""
+    from app.cli import main
+    from app.settings import get_settings
+
+    monkeypatch.setenv("TIDE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TIDE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("TIDE_SCORE_CACHE_MAX_BYTES", "0")
+    get_settings.cache_clear()
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(foldoc_documents(400, skip=50)))
+    (tmp_path / "terms.txt").write_text("compiler\ninterrupt\n")
+    try:
+        assert main(["extend", "--base-model", str(tiny_model_dir), "--terms", str(tmp_path / "terms.txt"),
+                     "--corpus", str(corpus), "--out", str(tmp_path / "out"), "--steps", "1", "--batch-size", "2",
+                     "--seq-len", "32", "--eval-bytes", "2000", "--device", "cpu", "--keep-all-terms"]) == 0
+    finally:
+        get_settings.cache_clear()
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["evaluation_cache"] == {"before": {"hits": 0, "misses": 2}}
+    assert (tmp_path / "cache" / "scores").is_dir() and not any((tmp_path / "cache" / "scores").rglob("*.json"))
