@@ -84,10 +84,14 @@ def _check_limits(request: ExtendRequest, settings: Settings) -> None:
         )
 
 
+def _file_not_found(file_id: str) -> ApiError:
+    return ApiError(422, "file_not_found", f"no uploaded file {file_id!r} for this API key; upload the corpus with POST /files first", "corpus_file_id")
+
+
 def _own_file(db: Session, key: ApiKey, file_id: str) -> StoredFile:
     stored = db.get(StoredFile, file_id)
     if stored is None or stored.owner_id != key.id or not Path(stored.path).is_file():
-        raise ApiError(422, "file_not_found", f"no uploaded file {file_id!r} for this API key; upload the corpus with POST /files first", "corpus_file_id")
+        raise _file_not_found(file_id)
     return stored
 
 
@@ -197,15 +201,20 @@ def submit(
         progress_total=_known_total(steps_on_worker(request, settings)),
     )
     db.add(job)
+    # read before the flush: a rollback expires the corpus row, which a concurrent delete may have removed
+    inline_path = Path(corpus.path) if corpus is not None and corpus.source == "inline" else None
     try:
         db.flush()
     except IntegrityError:
         # A concurrent retry with the same Idempotency-Key won the race: answer with its job.
         db.rollback()
-        if corpus is not None and corpus.source == "inline":
-            Path(corpus.path).unlink(missing_ok=True)
+        if inline_path is not None:
+            inline_path.unlink(missing_ok=True)
         previous = existing_job(db, key, idempotency_key)
         if previous is None:
+            if request.corpus_file_id is not None and db.get(StoredFile, request.corpus_file_id) is None:
+                # DELETE /files/{id} won the race since the file was looked up: as if it never was
+                raise _file_not_found(request.corpus_file_id) from None
             raise
         return _replay(previous, request_hash), False
     add_event(db, job.id, "status", {"status": "queued"})

@@ -162,3 +162,28 @@ def test_files_through_the_command_line(server, tmp_path):
     assert file_id not in _tide(["files"], env, tmp_path).stdout
     again = _tide(["delete-file", file_id], env, tmp_path)
     assert again.returncode == 2 and "no file" in again.stderr
+
+
+def test_a_corpus_deleted_while_a_job_is_submitted_on_it_is_never_half_used(server):
+    """DELETE /files/{id} racing POST /extend on the same file: either the job gets the file (202,
+    the delete 409) or the delete wins (204, the submit 422); never a 5xx, never a job whose
+    corpus is gone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    auth = {"Authorization": f"Bearer {_new_key(server, 'race')}"}
+    outcomes = set()
+    with httpx.Client(base_url=server.url, timeout=30) as http, ThreadPoolExecutor(4) as pool:
+        for _round in range(25):
+            stored = http.post("/files", files={"file": ("race.txt", CORPUS)}, headers=auth).json()
+            submit = pool.submit(http.post, "/extend", json={"base_model": TINY_MODEL, "corpus_file_id": stored["id"]}, headers=auth)
+            delete = pool.submit(http.delete, f"/files/{stored['id']}", headers=auth)
+            submitted, deleted = submit.result(), delete.result()
+            outcome = (submitted.status_code, deleted.status_code)
+            assert outcome in {(202, 409), (422, 204)}, (outcome, submitted.text, deleted.text)
+            outcomes.add(outcome)
+            if submitted.status_code == 202:
+                job = submitted.json()["id"]
+                assert http.get(f"/files/{stored['id']}", headers=auth).json()["jobs"][0]["id"] == job
+                http.post(f"/jobs/{job}/cancel", headers=auth)
+                http.delete(f"/jobs/{job}", headers=auth)
+                assert http.delete(f"/files/{stored['id']}", headers=auth).status_code == 204
