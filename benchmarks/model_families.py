@@ -60,12 +60,14 @@ def convert_to_gguf(published: Path, outfile: Path) -> dict:
         field = reader.fields[key]
         return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
 
-    tokens = strings("tokenizer.ggml.tokens")
-    extension = json.loads((published / "tide_extension.json").read_text())
-    at_id = sum(1 for t in extension["new_tokens"] if t["id"] < len(tokens) and tokens[t["id"]] in (t["token"], t["text"]))
     pre = strings("tokenizer.ggml.pre")[0] if "tokenizer.ggml.pre" in reader.fields else None
-    return {"converted": True, "seconds": seconds, "pre_tokenizer": pre, "model": strings("tokenizer.ggml.model")[0],
-            "new_tokens_at_their_ids": f"{at_id}/{len(extension['new_tokens'])}"}
+    converted = {"converted": True, "seconds": seconds, "pre_tokenizer": pre, "model": strings("tokenizer.ggml.model")[0]}
+    if (published / "tide_extension.json").exists():  # an extended folder, not a base
+        tokens = strings("tokenizer.ggml.tokens")
+        extension = json.loads((published / "tide_extension.json").read_text())
+        at_id = sum(1 for t in extension["new_tokens"] if t["id"] < len(tokens) and tokens[t["id"]] in (t["token"], t["text"]))
+        converted["new_tokens_at_their_ids"] = f"{at_id}/{len(extension['new_tokens'])}"
+    return converted
 
 
 def run_case(case, folder: Path, terms_file: Path, corpus_file: Path, model_sources) -> dict:
@@ -87,11 +89,17 @@ def run_case(case, folder: Path, terms_file: Path, corpus_file: Path, model_sour
     row["terms"] = {t["term"]: t["mechanism"] for t in extension["terms"]}
     row["skipped"] = {s["term"]: s["detail"] for s in extension["skipped"]}
     row["gguf"] = convert_to_gguf(out, folder / f"{case.id}.gguf")
+    # A refusal counts against TIDE only where llama.cpp converts the base it started from.
+    row["base_gguf"] = convert_to_gguf(base, folder / f"{case.id}-base.gguf")
     return row
 
 
 def mark(value: str) -> str:
     return "pass" if value == "" else ("n/a" if value == "n/a" else "FAIL")
+
+
+def gguf_cell(gguf: dict) -> str:
+    return f"pre `{gguf['pre_tokenizer']}`" if gguf["converted"] else "refused"
 
 
 def report(payload: dict) -> str:
@@ -105,23 +113,28 @@ def report(payload: dict) -> str:
         "Llama 3 with `ignore_merges`). Weights: tiny random models (2 layers, hidden 32) of the named class. "
         f"Terms: {', '.join(TERMS)}. `--steps 0`, or 2 steps on FOLDOC text with every term kept where 'trained'.",
         "",
-        "| case | architecture | tied | dtype | shards | padded rows | " + " | ".join(CHECKS) + " | GGUF (llama.cpp) | first new id | s |",
-        "| --- | --- | --- | --- | --- | ---: | " + " | ".join("---" for _ in CHECKS) + " | --- | --- | ---: |",
+        "| case | architecture | tied | dtype | shards | padded rows | " + " | ".join(CHECKS) + " | GGUF (llama.cpp): base | extended | first new id | s |",
+        "| --- | --- | --- | --- | --- | ---: | " + " | ".join("---" for _ in CHECKS) + " | --- | --- | --- | ---: |",
     ]
     for row in payload["rows"]:
         head = (f"| {row['family']}{' (trained)' if row['trained'] else ''} | {row['architecture']} | "
                 f"{'tied' if row['tied'] else 'untied'} | {row['dtype']} | {'3+' if row['sharded'] else '1'} | {row['padded_rows']} | ")
         if row["exit_code"] != 0:
-            lines.append(head + " | ".join("-" for _ in CHECKS) + f" | exit {row['exit_code']} | - | {row['seconds']} |")
+            lines.append(head + " | ".join("-" for _ in CHECKS) + f" | - | exit {row['exit_code']} | - | {row['seconds']} |")
             continue
-        gguf = row["gguf"]
-        converted = f"pre `{gguf['pre_tokenizer']}`" if gguf["converted"] else "refused"
+        base, extended = (gguf_cell(row[key]) for key in ("base_gguf", "gguf"))
         lines.append(head + " | ".join(mark(row["checks"][c]) for c in CHECKS)
-                     + f" | {converted} | {row['vocab']['base_vocab_size']:,} | {row['seconds']} |")
+                     + f" | {base} | {extended} | {row['vocab']['base_vocab_size']:,} | {row['seconds']} |")
     failures = [(row["case"], check, why) for row in payload["rows"] if row["exit_code"] == 0
                 for check, why in row["checks"].items() if why not in ("", "n/a")]
     lines += ["", f"Cases: {len(payload['rows'])}; failed checks: {len(failures)}."]
     lines += [f"- {case}: {check}: {why}" for case, check, why in failures]
+    converted = [row for row in payload["rows"] if row["exit_code"] == 0 and row["gguf"]["converted"]]
+    base_converted = [row for row in payload["rows"] if row["exit_code"] == 0 and row["base_gguf"]["converted"]]
+    lost = [row["case"] for row in base_converted if not row["gguf"]["converted"]]
+    lines += [f"llama.cpp converts {len(converted)} of {len(payload['rows'])} extended folders and "
+              f"{len(base_converted)} of their bases; extended folders refused where their base converts: "
+              f"{', '.join(lost) if lost else 'none'}."]
     lines += ["", "Where GGUF conversion was refused, llama.cpp's message:"]
     lines += [f"- {row['family']}: {row['gguf']['error']}" for row in payload["rows"]
               if row["exit_code"] == 0 and not row["gguf"]["converted"]]
