@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .conftest import TINY_MODEL
+from .conftest import TINY_MODEL, wait_for_status
 from .test_api_inputs import assert_error, submit
 
 
@@ -84,16 +84,31 @@ def test_without_the_tokenizer_the_job_is_queued_and_says_the_worker_checks(serv
     side.state.queue.close()
 
 
-@pytest.mark.parametrize("term, code_point, what", [
-    ("abc\u202edef", "U+202E", "right-to-left override"),
-    ("bidi\u2066isolate\u2069", "U+2066", "left-to-right isolate"),
-    ("zero\u200bwidth", "U+200B", "zero width space"),
-    ("\ufeffbom", "U+FEFF", "zero width no-break space"),
-    ("word\u2060joiner", "U+2060", "word joiner"),
+@pytest.mark.parametrize("term, named", [
+    ("abc\u202edef", "U+202E RIGHT-TO-LEFT OVERRIDE"),
+    ("bidi\u2066isolate\u2069", "U+2066 LEFT-TO-RIGHT ISOLATE"),
+    ("zero\u200bwidth", "U+200B ZERO WIDTH SPACE"),
+    ("\ufeffbom", "U+FEFF ZERO WIDTH NO-BREAK SPACE"),
+    ("word\u2060joiner", "U+2060 WORD JOINER"),
+    # issue 25: what a probe got published as tokens ("pay\u200fload" displays as "payload")
+    ("pay\u200fload", "U+200F RIGHT-TO-LEFT MARK"),
+    ("\u200e", "U+200E LEFT-TO-RIGHT MARK"),
+    ("ara\u061cbic", "U+061C ARABIC LETTER MARK"),
+    ("\u00ad", "U+00AD SOFT HYPHEN"),
+    ("\u2061", "U+2061 FUNCTION APPLICATION"),
+    ("\U000e0041", "U+E0041 TAG LATIN CAPITAL LETTER A"),
+    ("\ufe0f", "U+FE0F VARIATION SELECTOR-16"),
+    ("\U000e0100", "U+E0100 VARIATION SELECTOR-17"),
+    ("\u3164", "U+3164 HANGUL FILLER"),
+    ("\u034f", "U+034F COMBINING GRAPHEME JOINER"),
+    ("\u180e", "U+180E MONGOLIAN VOWEL SEPARATOR"),
+    ("private\ue000use", "U+E000 (a private-use character"),
+    ("un\u0378assigned", "U+0378 (an unassigned code point"),
 ])
-def test_invisible_characters_in_terms_are_refused_with_the_reason(client, auth, term, code_point, what):
+def test_invisible_characters_in_terms_are_refused_with_the_reason(client, auth, term, named):
     error = assert_error(submit(client, auth, {"base_model": TINY_MODEL, "terms": ["multiprogramming", term]}), 422, "terms[1]", "invalid_terms")
-    assert code_point in error["message"] and what in error["message"] and "invisible" in error["message"]
+    assert named in error["message"], error["message"]
+    assert "remove it" in error["message"]
 
 
 def test_a_jsonl_text_field_the_upload_lacks_is_refused(client, auth):
@@ -112,3 +127,20 @@ def test_a_jsonl_field_missing_further_down_is_refused(client, auth):
     body = {"base_model": TINY_MODEL, "corpus_file_id": stored["id"], "corpus_text_field": "text"}
     error = assert_error(submit(client, auth, body), 422, "corpus_text_field", "invalid_corpus")
     assert "line 3" in error["message"]
+
+
+def test_a_term_given_in_nfc_and_nfd_is_added_once_and_the_merge_reported(client, auth, worker):
+    """Issue 25, item 2: "caféology" composed and decomposed is one term (in NFC), and the job
+    says it merged the two spellings."""
+    composed, decomposed = "caf\u00e9ology", "cafe\u0301ology"
+    body = {"base_model": TINY_MODEL, "terms": [composed, decomposed], "training": {"steps": 0}, "evaluation": {"max_bytes": 4000}}
+    response = submit(client, auth, body)
+    assert response.status_code == 202, response.text
+    done = wait_for_status(client, auth, response.json()["id"], {"succeeded", "failed", "cancelled"}, 240, worker)
+    assert done["status"] == "succeeded", done
+    events = client.get(f"/jobs/{done['id']}/events", params={"limit": 1000}, headers=auth).json()["data"]
+    extension = next(e["payload"] for e in events if e["kind"] == "extension")
+    assert extension["counts"]["terms_added"] == 1
+    assert [(s["term"], s["reason"]) for s in extension["skipped"]] == [(composed, "duplicate")]
+    warnings = [e["payload"]["message"] for e in events if e["kind"] == "warning"]
+    assert any("2 Unicode spellings" in w and "NFC" in w for w in warnings), warnings
