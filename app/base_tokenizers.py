@@ -34,8 +34,8 @@ log = logging.getLogger("tide.api")
 # for a 49k vocabulary (SmolLM2), about 450 MB for Gemma 3's 262k.
 MEMORY_SLOTS = 3
 # How long a submit waits for an extraction under way. Under the Python client's 60 s timeout;
-# SmolLM2's extraction takes a few seconds, Gemma 3's (262k vocabulary, its GGUF reassembled
-# from parts first) can take longer on a busy host, and its job is then checked by the worker.
+# on a busy 2-core machine SmolLM2's extraction took 25 s, Gemma 3's (262k vocabulary, its GGUF
+# reassembled from parts first) 110 s: a Gemma job sent that early is checked by the worker.
 WAIT_FOR_EXTRACTION_S = 45.0
 _RETRY_BUILD_S = 600.0  # after a failed extraction (e.g. the model's wheel is missing)
 _BUILD_TIMEOUT_S = 900.0
