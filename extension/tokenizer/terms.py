@@ -1,5 +1,6 @@
-"""Terms as users give them: read from a file or a list, stripped and checked. The service (app/)
-applies the same rules at submit time, so a bad term is refused before a job starts."""
+"""Terms as users give them: read from a file or a list, stripped, normalised to NFC and checked.
+The service (app/) applies the same rules at submit time, so a bad term is refused before a job
+starts, and the worker's "nothing to add" error is the one the API gives at submit."""
 
 from __future__ import annotations
 
