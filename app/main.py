@@ -47,10 +47,14 @@ async def _sweep_forever(app: FastAPI) -> None:
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI):
+    # The built-in models' tokenizers, extracted now on a new data folder, so their jobs' terms
+    # are checked at submit from the first request (app/base_tokenizers.py).
+    app.state.base_tokenizers.prepare_builtins()
     task = asyncio.create_task(_sweep_forever(app))
     try:
         yield
     finally:
+        app.state.base_tokenizers.close()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task

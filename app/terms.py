@@ -6,7 +6,7 @@ the server's count limit and points `param` at the first bad entry."""
 from __future__ import annotations
 
 from extension.errors import InvalidTermsError, TideError
-from extension.tokenizer import clean_terms, extend_tokenizer
+from extension.tokenizer import clean_terms, extend_tokenizer, nothing_to_add_error
 
 from .errors import ApiError
 from .settings import Settings
@@ -51,11 +51,6 @@ def check_terms_add_something(terms: list[str], tokenizer, base_model: str, sett
         return  # the worker meets the same problem and reports it with the job
     if extended.new_tokens:
         return
-    skipped = [s for s in extended.skipped if s.reason != "duplicate"]
-    index = next(i for i, term in enumerate(terms) if term.strip() == skipped[0].term)
-    others = f" (and {len(skipped) - 1} more term{'s' if len(skipped) > 2 else ''} like it)" if len(skipped) > 1 else ""
-    raise ApiError(
-        422, "invalid_terms",
-        f"nothing to add: {skipped[0].detail}{others}; give terms the {base_model} tokenizer splits into several pieces",
-        f"terms[{index}]",
-    )
+    error = nothing_to_add_error(terms, extended.skipped, base_model)
+    if error is not None:
+        raise ApiError(422, error.code, error.message, error.param)

@@ -232,6 +232,7 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
     `model` itself, where it is (never a copy of it)."""
     from .init import RowInitializer, init_method
     from .objectives import build_training_data
+    from .tokenizer import nothing_to_add_error
 
     stages = stages or _Stages(callbacks)
     mined = None
@@ -243,6 +244,10 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
         stages.enter("extend")
         extended = _extend(spec, tokenizer, callbacks, embedding_rows=embedding_rows(model))
     if not extended.new_tokens:
+        if mined is None:  # the user's terms: the very error the API gives at submit when it can check
+            error = nothing_to_add_error(spec.terms or [], extended.skipped, spec.base_model)
+            if error is not None:
+                raise error
         raise InvalidTermsError(
             "nothing to add: every term is already a single token of the base tokenizer (or a "
             "duplicate); see the skipped list",

@@ -50,6 +50,17 @@ def gemma3_tokenizer(gemma3_tokenizer_path):
     return AutoTokenizer.from_pretrained(gemma3_tokenizer_path)
 
 
+@pytest.fixture(scope="session")
+def builtin_tokenizers_in_cache(model_sources) -> None:
+    """Every built-in model's tokenizer on disk in the shared cache (once per checkout; Gemma 3's
+    takes a minute or two). An API started on that cache then finds them all at start-up, rather
+    than starting extractions that its shutdown, seconds later in a test, would only stop again."""
+    from extension.models import BUILTIN_MODELS, builtin_tokenizer_dir
+
+    for name in BUILTIN_MODELS:
+        builtin_tokenizer_dir(name, model_sources.cache_dir)
+
+
 def tiny_llama(vocab_size: int = 256, tied: bool = True, seed: int = 0):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -209,6 +209,18 @@ def test_bad_terms_file_is_refused_with_its_problem(cli_env, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_an_invisible_character_in_a_terms_file_is_named_by_code_point(cli_env, tmp_path, capsys):
+    """Issue 25: "pay\u200fload" displays as "payload"; the CLI refuses it as the API does."""
+    bad = tmp_path / "terms.txt"
+    bad.write_text("kernel\npay\u200fload\n", encoding="utf-8")
+    # (--steps 0: were the term let through, the job would end soon, and this test fail, not hang)
+    assert main(["extend", "--base-model", "smollm2-135m", "--terms", str(bad), "--steps", "0", "--eval-bytes", "1000",
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "line 2" in err and "U+200F RIGHT-TO-LEFT MARK" in err and "remove it" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_an_init_only_job_starts_rows_at_the_subword_mean_by_default(cli_env, tmp_path, base_model):
     """--init auto (the default) composes rows that will be trained; an init-only job gets the mean."""
     out = tmp_path / "mean"

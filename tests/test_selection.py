@@ -333,3 +333,53 @@ def test_a_harmful_intermediate_goes_with_what_is_built_on_it_only_when_together
     assert set(gone) == {intermediate.name, built.name} and kept == [unrelated]
     assert "together they cost 5.0 bits more than they save" in gone[built.name]
     assert {token.token for token in rebuilt.new_tokens} == {unrelated.tokens[0]}
+
+
+# --- cancelled while choosing terms ------------------------------------------------------------
+
+
+def test_a_job_cancelled_during_term_selection_is_cancelled_not_failed(tiny_model_dir, tmp_path):
+    """Issue 25, item 3: the cancel check answered inside the selection rounds stops the job as
+    cancelled (JobCancelled, which the worker records as `cancelled`, or as a lost lease), not as
+    `invalid_corpus` "no new token paid for itself". Through pipeline.run, the worker's door."""
+    from extension import pipeline
+    from extension.errors import JobCancelled
+    from extension.models import ModelSources
+    from extension.spec import Callbacks, ExtendSpec
+    from tests.service.conftest import foldoc_documents
+
+    # Made-up words only in the training documents: every mined token is unused in the
+    # validation text, where it only takes probability, so the first round cannot pass and the
+    # rounds go on (asking whether to stop) instead of keeping everything at once.
+    made_up = " ".join(["zqxvorbinat", "kwplemtrosh", "vuxdragniel"] * 8)
+    documents = []
+    for doc in foldoc_documents(1500, skip=3100):
+        if split_of(doc) != "train":
+            documents.append(doc)
+        elif split_of(f"{doc} {made_up}") == "train":  # (the split is the document's hash)
+            documents.append(f"{doc} {made_up}")
+    assert not any("zqx" in doc for doc in documents if split_of(doc) != "train")
+    corpus = tmp_path / "foldoc.txt"
+    corpus.write_text("\n\n".join(documents), encoding="utf-8")
+    stages, events, asked = [], [], []
+    trained = {"done": False}
+
+    def on_progress(step, total, metrics):
+        if stages[-1] == "train" and "loss" in metrics and step >= total:
+            trained["done"] = True  # from here on, only the selection rounds ask whether to stop
+
+    def should_cancel():
+        asked.append(trained["done"])
+        return trained["done"]
+
+    spec = ExtendSpec(base_model=str(tiny_model_dir), out_dir=tmp_path / "out", corpus_path=corpus, max_new_tokens=16,
+                      steps=2, batch_size=2, seq_len=64, warmup_steps=0, eval_max_bytes=4000, device="cpu")
+    callbacks = Callbacks(on_stage=stages.append, on_progress=on_progress, should_cancel=should_cancel,
+                          on_event=lambda kind, payload: events.append((kind, payload)), work_dir=tmp_path / "work")
+    with pytest.raises(JobCancelled) as stopped:
+        pipeline.run(spec, callbacks, ModelSources(cache_dir=tmp_path / "cache"))
+    # stopped inside the rounds, not at the next stage's check (the selection event comes after them)
+    assert "selection" not in [kind for kind, _ in events], [p for kind, p in events if kind == "selection"]
+    assert "during term selection" in str(stopped.value)
+    assert stages[-1] == "train" and asked[-1] is True
+    assert not (tmp_path / "out").exists()

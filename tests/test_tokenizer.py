@@ -459,6 +459,41 @@ def test_clean_terms_lists_every_bad_term_once():
     assert err.value.message.startswith("2 invalid term(s)")
 
 
+@pytest.mark.parametrize("term, named", [
+    ("pay\u200fload", "U+200F RIGHT-TO-LEFT MARK (an invisible format character"),
+    ("\u200e", "U+200E LEFT-TO-RIGHT MARK"),
+    ("\u3164", "U+3164 HANGUL FILLER (an invisible character"),
+    ("\ufe0f", "U+FE0F VARIATION SELECTOR-16"),
+    ("\U000e01ef", "U+E01EF VARIATION SELECTOR-256"),
+    ("\u180e", "U+180E MONGOLIAN VOWEL SEPARATOR"),
+    ("\u034f", "U+034F COMBINING GRAPHEME JOINER"),
+    ("a\U000f0000", "U+F0000 (a private-use character"),
+    ("line\u2028break", "U+2028 LINE SEPARATOR (a line break)"),
+])
+def test_invisible_and_non_text_characters_are_refused_by_their_unicode_properties(term, named):
+    """Issue 25: decided by category and Default_Ignorable_Code_Point, named by code point and
+    Unicode name, in the one function every door (CLI, API, worker) calls."""
+    with pytest.raises(InvalidTermsError) as err:
+        clean_terms(["kernel", term])
+    assert f"term 2 ({term!r}) contains {named}" in err.value.message
+    assert err.value.message.endswith("remove it")
+
+
+def test_visible_text_of_every_script_is_kept():
+    terms = ["naïve", "Straße", "東京大学", "имя", "مرحبا", "क्षत्रिय", "C++", "a b", "x²"]
+    assert clean_terms(terms) == (terms, [])
+
+
+def test_a_term_in_two_unicode_spellings_is_one_term_in_nfc():
+    composed, decomposed = "caf\u00e9ology", "cafe\u0301ology"
+    kept, skipped = clean_terms([composed, "kernel", decomposed])
+    assert kept == [composed, "kernel"]
+    assert [(s.term, s.reason) for s in skipped] == [(composed, "duplicate")]
+    assert "2 Unicode spellings" in skipped[0].detail and "NFC" in skipped[0].detail
+    # given only in NFD, it is kept in NFC
+    assert clean_terms([decomposed]) == ([composed], [])
+
+
 def test_read_terms_file(tmp_path):
     path = tmp_path / "terms.txt"
     path.write_bytes("\ufeffhexadecimal\r\n\n  work station  \n\t\nnaïve\n".encode("utf-8"))

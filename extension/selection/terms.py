@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from ..errors import JobCancelled
 from ..init import NewRows, RowInitializer
 from ..rows import attach
 from .attribution import TokenEffect, token_effects
@@ -79,7 +80,9 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
         if judged.bits_per_byte + margin <= base_judge.bits_per_byte:
             return Selection(current, current_rows, kept_index, removed, rounds, _effects_json(unit_effects))
         if should_cancel is not None and should_cancel():
-            break
+            # A stop, not a verdict: returning "nothing kept" here would fail the job as if no
+            # term paid, when the user cancelled (or the worker lost its lease).
+            raise JobCancelled(f"cancelled during term selection, after round {number}")
         if number == max_rounds:
             rebuilt, still_kept = None, []
             gone = {unit.name: "the last round was still above the base model" for unit in kept_units}

@@ -24,7 +24,7 @@ from .contexts import SPACE_CONTEXTS, START_CONTEXTS
 from .extend import MECHANISMS, extend_tokenizer
 from .probe_text import LLAMA_CPP_PROBE_TEXT, probe_text_unchanged
 from .results import ExtendedTokenizer, NewToken, SkippedTerm, TermExtension
-from .terms import clean_terms, read_terms_file
+from .terms import clean_terms, normalized_term, nothing_to_add_error, read_terms_file
 from .tokenizer_json import check_extendable
 
 __all__ = [
@@ -40,6 +40,8 @@ __all__ = [
     "clean_terms",
     "extend_tokenizer",
     "extend_with_merges",
+    "normalized_term",
+    "nothing_to_add_error",
     "probe_text_unchanged",
     "read_terms_file",
 ]

@@ -1,5 +1,6 @@
-"""Terms as users give them: read from a file or a list, stripped and checked. The service (app/)
-applies the same rules at submit time, so a bad term is refused before a job starts."""
+"""Terms as users give them: read from a file or a list, stripped, normalised to NFC and checked.
+The service (app/) applies the same rules at submit time, so a bad term is refused before a job
+starts, and the worker's "nothing to add" error is the one the API gives at submit."""
 
 from __future__ import annotations
 
@@ -7,22 +8,45 @@ import unicodedata
 from pathlib import Path
 from typing import Iterable
 
+import regex
+
 from ..errors import InvalidTermsError
 from ..options import BY_NAME, DEFAULTS
 from .results import SkippedTerm
 
-_FORBIDDEN_CATEGORIES = {"Cc", "Cs", "Zl", "Zp"}  # controls, lone surrogates, line/paragraph separators
+# Decided by Unicode property, not by a list of characters we happen to know: every code point
+# that displays as nothing or is not text at all. A term holding one displays as another text
+# ("pay\u200fload" reads "payload") or means nothing, and would become a token nobody can type.
+#   Cc controls, Cf format characters (bidi marks and overrides, zero-width ones, soft hyphen,
+#   tags), Co private use, Cs surrogate halves, Cn unassigned, Zl/Zp line and paragraph
+#   separators, and Default_Ignorable_Code_Point: the Hangul fillers, U+034F, the variation
+#   selectors (U+FE00-FE0F, U+E0100-E01EF) and the rest Unicode says to render as nothing.
+_REFUSED = regex.compile(r"[\p{Cc}\p{Cf}\p{Co}\p{Cs}\p{Cn}\p{Zl}\p{Zp}\p{Default_Ignorable_Code_Point}]")
+_WHY = {
+    "Cc": "a control character",
+    "Cf": "an invisible format character: it makes the term display as another text",
+    "Co": "a private-use character: it has no meaning outside one program",
+    "Cs": "a lone surrogate half, not a character",
+    "Cn": "an unassigned code point",
+    "Zl": "a line break",
+    "Zp": "a paragraph break",
+}
 
 
 def _bad_character(term: str) -> str | None:
-    for char in term:
-        if unicodedata.category(char) in _FORBIDDEN_CATEGORIES:
-            return f"U+{ord(char):04X}"
-        # Bidi embeddings/overrides/isolates and zero-width characters: invisible, they make a
-        # term display as a different text (or reorder the text around it).
-        if char in "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200b\u200c\u200d\ufeff\u2060":
-            return f"U+{ord(char):04X} ({unicodedata.name(char).lower()}: invisible, it makes the term display as another text)"
-    return None
+    """The first character `term` may not hold, named for the user ("U+200F RIGHT-TO-LEFT MARK
+    (...)"); None when there is none."""
+    found = _REFUSED.search(term)
+    if found is None:
+        return None
+    char = found.group()
+    code_point = f"U+{ord(char):04X}"
+    category = unicodedata.category(char)
+    if category == "Cc":
+        return f"the control character {code_point}"  # controls have no Unicode name
+    name = unicodedata.name(char, "")
+    why = _WHY.get(category, "an invisible character: it displays as nothing")
+    return f"{code_point} {name} ({why})" if name else f"{code_point} ({why})"
 
 
 def read_terms_file(path) -> list[str]:
@@ -60,7 +84,7 @@ def read_terms_file(path) -> list[str]:
         bad = _bad_character(term)
         if bad:
             raise InvalidTermsError(
-                f"terms file {path.name} line {number}: term {term!r} contains the control character {bad}; "
+                f"terms file {path.name} line {number}: term {term!r} contains {bad}; "
                 "remove it (write one plain term per line)",
                 param="terms",
             )
@@ -71,14 +95,16 @@ def read_terms_file(path) -> list[str]:
 
 
 def clean_terms(terms: Iterable[str], *, max_term_chars: int = DEFAULTS['max_term_chars']) -> tuple[list[str], list[SkippedTerm]]:
-    """Strip and validate terms. Raises InvalidTermsError listing every bad term; duplicates are
-    reported as skipped and kept once (first occurrence)."""
+    """Strip, NFC-normalise and validate terms: the one decision the CLI, the API at submit and
+    the worker all apply. Raises InvalidTermsError listing every bad term; duplicates (also the
+    same term written in two Unicode normal forms, "café" as é or as e + U+0301) are reported as
+    skipped and kept once (first occurrence, in NFC)."""
     if isinstance(terms, str):
         raise InvalidTermsError("terms must be a list of strings, not one string; give one term per item", param="terms")
     BY_NAME["max_term_chars"].check(max_term_chars)  # the range --help states, not a second copy of it
     problems: list[str] = []
     kept: list[str] = []
-    counts: dict[str, int] = {}
+    spellings: dict[str, list[str]] = {}  # NFC term -> the spellings it was given in, in order
     items = list(terms)
     if not items:
         raise InvalidTermsError("no terms given; give at least one term (one per line in a terms file)", param="terms")
@@ -92,26 +118,56 @@ def clean_terms(terms: Iterable[str], *, max_term_chars: int = DEFAULTS['max_ter
             continue
         bad = _bad_character(term)
         if bad:
-            problems.append(f"term {number} ({term!r}) contains the control character {bad}; remove it")
+            problems.append(f"term {number} ({term!r}) contains {bad}; remove it")
             continue
+        given, term = term, unicodedata.normalize("NFC", term)
         if len(term) > max_term_chars:
             problems.append(
                 f"term {number} ({term[:40]!r}...) is {len(term)} characters, over the limit of {max_term_chars}; "
                 "shorten it or raise max_term_chars"
             )
             continue
-        if term in counts:
-            counts[term] += 1
-            continue
-        counts[term] = 1
-        kept.append(term)
+        if term not in spellings:
+            spellings[term] = []
+            kept.append(term)
+        spellings[term].append(given)
     if problems:
         shown = "; ".join(problems[:5])
         more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
         raise InvalidTermsError(f"{len(problems)} invalid term(s): {shown}{more}", param="terms")
-    skipped = [
-        SkippedTerm(term, "duplicate", f"{term!r} is listed {n} times; it is added once")
-        for term, n in counts.items() if n > 1
-    ]
+    skipped = [SkippedTerm(term, "duplicate", _duplicate_detail(term, given))
+               for term, given in spellings.items() if len(given) > 1]
     return kept, skipped
 
+
+def normalized_term(item: str) -> str:
+    """A term as clean_terms keeps it (stripped, NFC), to find which entry of a list a kept term
+    came from."""
+    return unicodedata.normalize("NFC", item.strip()) if isinstance(item, str) else item
+
+
+def _duplicate_detail(term: str, given: list[str]) -> str:
+    other_forms = len(set(given)) > 1
+    if not other_forms:
+        return f"{term!r} is listed {len(given)} times; it is added once"
+    return (f"{term!r} is listed {len(given)} times, in {len(set(given))} Unicode spellings "
+            f"({', '.join(ascii(g) for g in dict.fromkeys(given))}) that are the same text once normalised to NFC; "
+            "it is added once, in NFC")
+
+
+def nothing_to_add_error(terms: list[str], skipped: list[SkippedTerm], base_model: str) -> InvalidTermsError | None:
+    """The error for a terms list of which nothing would be added (every term already one token
+    of the base tokenizer, or otherwise skipped), naming the first such term as terms[i]. One
+    function for the check at submit and the worker's, so a client reads the same words
+    whichever of the two caught it. None when no term was skipped for a reason of its own."""
+    reasons = [entry for entry in skipped if entry.reason != "duplicate"]
+    if not reasons:
+        return None
+    first = reasons[0]
+    index = next((i for i, term in enumerate(terms) if normalized_term(term) == first.term), 0)
+    others = f" (and {len(reasons) - 1} more term{'s' if len(reasons) > 2 else ''} like it)" if len(reasons) > 1 else ""
+    return InvalidTermsError(
+        f"nothing to add: {first.detail.removesuffix('; nothing to add')}{others}; "
+        f"give terms the {base_model} tokenizer splits into several pieces",
+        param=f"terms[{index}]",
+    )

@@ -129,7 +129,7 @@ def redis_server(tmp_path):
 
 
 @pytest.fixture()
-def fault_settings(tmp_path, redis_server, tiny_model_dir):
+def fault_settings(tmp_path, redis_server, tiny_model_dir, builtin_tokenizers_in_cache):
     from app.settings import Settings
 
     models_dir = tmp_path / "models"

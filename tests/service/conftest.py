@@ -82,7 +82,7 @@ def build_tiny_model(target: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def service_settings(tmp_path_factory, redis_url):
+def service_settings(tmp_path_factory, redis_url, builtin_tokenizers_in_cache):
     from app.settings import Settings
 
     from filelock import FileLock
