@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Install everything (scripts/setup.sh), make sure Redis answers, run the whole test suite.
-# pytest-xdist runs one test file per worker, a worker per core (CI: 2); each worker's torch gets
-# one thread, so the workers do not fight over the cores. Arguments go to pytest
+# pytest-xdist runs the files on a worker per core (CI: 2), each file on one worker so its fixtures
+# are built once (tests/conftest.py names the files it splits); each worker's torch gets one
+# thread, so the workers do not fight over the cores. Arguments go to pytest
 # (`bash scripts/test.sh tests/test_train.py -n 0` runs one file in this process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/ensure-redis.sh
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile "$@"
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadgroup "$@"
