@@ -1,7 +1,12 @@
-"""The whole-model archive over HTTP, produced from the model folder as it is sent.
+"""Downloads: one file of a published model, or the whole-model archive produced from the model
+folder as it is sent. Starlette's FileResponse does Range, multiple ranges, If-Range, HEAD and
+the 416 answer; these subclasses give it files opened while the answer is made.
 
-Starlette's FileResponse does Range, multiple ranges, If-Range and the 416 answer; this
-subclass only gives it an ArchiveLayout to read from instead of a file on disk.
+A download opens every file it will send before it answers, so the files a DELETE or the expiry
+sweep unlinks while it is being sent stay readable through the open handles until the last byte
+is out (their disk space comes back when the download ends): a client gets every byte the 200 or
+206 announced, never a response cut short. A file already gone when the download starts raises
+OSError in the constructor, before any header is sent, so the route can answer 404 or 410.
 """
 
 from __future__ import annotations
@@ -9,6 +14,8 @@ from __future__ import annotations
 import os
 import stat
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import BinaryIO
 
 import anyio
 from starlette.responses import FileResponse
@@ -18,10 +25,10 @@ from .ranges import RangeRules
 from .storage import ArchiveLayout, ArchiveReader
 
 
-class _AsyncArchiveReader:
-    """The two calls FileResponse makes on its open file, run in a worker thread (disk reads)."""
+class _AsyncReader:
+    """The two calls FileResponse makes on its open file, reads run in a worker thread (disk)."""
 
-    def __init__(self, reader: ArchiveReader):
+    def __init__(self, reader: BinaryIO | ArchiveReader):
         self.reader = reader
 
     async def seek(self, position: int) -> int:
@@ -31,26 +38,39 @@ class _AsyncArchiveReader:
         return await anyio.to_thread.run_sync(self.reader.read, size)
 
 
-class ArchiveResponse(RangeRules, FileResponse):
+class OpenedDownload(RangeRules, FileResponse):
+    """A FileResponse that sends from a reader opened beforehand, with the API's Range rules."""
+
+    def __init__(self, reader: BinaryIO | ArchiveReader, stat_result: os.stat_result, *, filename: str, media_type: str,
+                 headers: dict[str, str] | None = None):
+        self.reader = reader
+        super().__init__(filename, filename=filename, media_type=media_type, stat_result=stat_result, headers=headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # A server offering "pathsend" would be handed self.path to open itself: not the open file.
+        extensions = {name: value for name, value in scope.get("extensions", {}).items() if name != "http.response.pathsend"}
+        try:
+            await super().__call__({**scope, "extensions": extensions}, receive, send)
+        finally:
+            self.reader.close()  # also after HEAD, a 416 or a client that went away
+
+    @asynccontextmanager
+    async def _open_file(self):
+        yield _AsyncReader(self.reader)
+
+
+class Download(OpenedDownload):
+    """A file from disk, opened now."""
+
+    def __init__(self, path: Path, *, filename: str, media_type: str):
+        handle = path.open("rb")
+        super().__init__(handle, os.fstat(handle.fileno()), filename=filename, media_type=media_type)
+
+
+class ArchiveResponse(OpenedDownload):
     def __init__(self, layout: ArchiveLayout, *, filename: str, sha256: str, mtime: int):
         # Size and mtime give Content-Length and Last-Modified; the sha256 is the strong ETag, so
         # If-Range (curl -C -) resumes only the very same bytes.
         stat_result = os.stat_result((stat.S_IFREG | 0o644, 0, 0, 1, 0, 0, layout.size, mtime, mtime, mtime))
-        super().__init__(
-            filename, filename=filename, media_type="application/x-tar", stat_result=stat_result,
-            headers={"etag": f'"{sha256}"'},
-        )
-        self.layout = layout
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # A server offering "pathsend" would be handed self.path to send by itself: no such file.
-        extensions = {name: value for name, value in scope.get("extensions", {}).items() if name != "http.response.pathsend"}
-        await super().__call__({**scope, "extensions": extensions}, receive, send)
-
-    @asynccontextmanager
-    async def _open_file(self):
-        reader = self.layout.open()
-        try:
-            yield _AsyncArchiveReader(reader)
-        finally:
-            reader.close()
+        super().__init__(layout.open(), stat_result, filename=filename, media_type="application/x-tar",
+                         headers={"etag": f'"{sha256}"'})

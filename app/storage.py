@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import os
 import shutil
 import tarfile
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import BinaryIO
 
 from .settings import Settings
 
@@ -103,13 +105,25 @@ class ArchiveLayout:
 
 
 class ArchiveReader:
-    """A read-only file over an ArchiveLayout: seek anywhere, read bytes as the tar has them."""
+    """A read-only file over an ArchiveLayout: seek anywhere, read bytes as the tar has them.
+
+    Every member file is opened at once, so a reader made before the folder is deleted reads the
+    whole archive all the same (the open files outlive their unlinking); a member missing, or no
+    longer the size the layout gave it, raises OSError here rather than in the middle of a read."""
 
     def __init__(self, layout: ArchiveLayout):
         self.layout = layout
         self.position = 0
-        self._open_path: Path | None = None
-        self._handle = None
+        self._handles: dict[Path, BinaryIO] = {}
+        try:
+            for piece in layout.pieces:
+                if piece.path is not None:
+                    handle = self._handles[piece.path] = piece.path.open("rb")
+                    if os.fstat(handle.fileno()).st_size != piece.size:
+                        raise OSError(f"{piece.path} changed size since the archive was laid out")
+        except BaseException:
+            self.close()
+            raise
 
     def __enter__(self) -> ArchiveReader:
         return self
@@ -131,7 +145,9 @@ class ArchiveReader:
             if piece.data is not None:
                 chunk = piece.data[inside:inside + take]
             else:
-                chunk = self._file_bytes(piece.path, inside, take)
+                handle = self._handles[piece.path]
+                handle.seek(inside)
+                chunk = handle.read(take)
                 if len(chunk) != take:
                     raise OSError(f"{piece.path} is shorter than when the archive was laid out; the published folder changed")
             out += chunk
@@ -139,18 +155,10 @@ class ArchiveReader:
             size -= take
         return bytes(out)
 
-    def _file_bytes(self, path: Path, offset: int, size: int) -> bytes:
-        if self._open_path != path:
-            self.close()
-            self._handle = path.open("rb")
-            self._open_path = path
-        self._handle.seek(offset)
-        return self._handle.read(size)
-
     def close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-        self._handle = self._open_path = None
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
 
 
 def job_archive(settings: Settings, job_id: str, created_at: datetime) -> ArchiveLayout:

@@ -95,7 +95,8 @@ def _own_file(db: Session, key: ApiKey, file_id: str) -> StoredFile:
     return stored
 
 
-def _store_inline_corpus(db: Session, key: ApiKey, text: str, settings: Settings) -> StoredFile:
+def _write_inline_corpus(key: ApiKey, text: str, settings: Settings) -> StoredFile:
+    """Write corpus_text to an upload file and check it; the row is not added to the session yet."""
     file_id = new_file_id()
     path = upload_path(settings, file_id, ".txt")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,13 +107,10 @@ def _store_inline_corpus(db: Session, key: ApiKey, text: str, settings: Settings
     except InvalidCorpusError as exc:
         path.unlink(missing_ok=True)
         raise ApiError(422, exc.code, exc.message, "corpus_text") from None
-    stored = StoredFile(
+    return StoredFile(
         id=file_id, owner_id=key.id, filename="corpus_text.txt", path=str(path), bytes=len(data),
         sha256=hashlib.sha256(data).hexdigest(), documents=documents, source="inline",
     )
-    db.add(stored)
-    db.flush()  # the file row must exist before the job row that references it
-    return stored
 
 
 def existing_job(db: Session, key: ApiKey, idempotency_key: str | None) -> Job | None:
@@ -170,7 +168,6 @@ def submit(
     if previous is not None:
         return _replay(previous, request_hash), False
 
-    check_new_job(db, key, settings)
     _check_limits(request, settings)
     try:
         check_base_model(request.base_model, settings)
@@ -184,12 +181,23 @@ def submit(
             check_terms_add_something(request.terms, tokenizer, request.base_model, settings)
         else:
             deferred.append(_DEFERRED_TERMS_CHECK.format(model=request.base_model))
-    corpus = None
+    corpus = inline = None
     if request.corpus_file_id is not None:
         corpus = _own_file(db, key, request.corpus_file_id)
         _check_text_field(corpus, request.corpus_text_field)
     elif request.corpus_text is not None:
-        corpus = _store_inline_corpus(db, key, request.corpus_text, settings)
+        corpus = inline = _write_inline_corpus(key, request.corpus_text, settings)
+    # Only a request valid in every other way counts against the key's limits: a 429 or 507 must
+    # never stand in for a 422 that waiting would not cure.
+    try:
+        check_new_job(db, key, settings)
+    except ApiError:
+        if inline is not None:
+            Path(inline.path).unlink(missing_ok=True)
+        raise
+    if inline is not None:
+        db.add(inline)
+        db.flush()  # the file row must exist before the job row that references it
 
     stored_request = request.model_dump(mode="json", exclude={"corpus_text"})
     if corpus is not None:
@@ -202,7 +210,7 @@ def submit(
     )
     db.add(job)
     # read before the flush: a rollback expires the corpus row, which a concurrent delete may have removed
-    inline_path = Path(corpus.path) if corpus is not None and corpus.source == "inline" else None
+    inline_path = Path(inline.path) if inline is not None else None
     try:
         db.flush()
     except IntegrityError:

@@ -84,13 +84,21 @@ def sweep(settings: Settings, sessions: sessionmaker[Session], queue, memory: Sw
                 counts["worker_lost"] += 1
                 _send(db, queue, job.id, job.base_model)
 
-        expired = select(Job).where(Job.status.in_(TERMINAL), Job.artifacts_deleted.is_(False), Job.expires_at < now)
-        for job in list(db.scalars(expired)):
-            remove_tree(job_artifacts_dir(settings, job.id))
-            remove_tree(job_work_dir(settings, job.id))
-            job.artifacts_deleted = True
-            add_event(db, job.id, "artifacts_expired", {})
+        expired = select(Job.id).where(Job.status.in_(TERMINAL), Job.artifacts_deleted.is_(False), Job.expires_at < now)
+        for job_id in list(db.scalars(expired)):
+            # Marked before the files go (a download that finds them missing is answered 410), and
+            # only if no DELETE took the job meanwhile; a download already sending keeps its files open.
+            marked = db.execute(
+                update(Job).where(Job.id == job_id, Job.artifacts_deleted.is_(False)).values(artifacts_deleted=True)
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            if not marked:
+                db.rollback()
+                continue
+            add_event(db, job_id, "artifacts_expired", {})
             db.commit()
+            remove_tree(job_artifacts_dir(settings, job_id))
+            remove_tree(job_work_dir(settings, job_id))
             counts["expired"] += 1
 
         cutoff = now - timedelta(hours=settings.artifact_ttl_hours)

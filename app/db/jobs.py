@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from .models import ACTIVE, TERMINAL, Event, Job, utcnow
+from .models import ACTIVE, TERMINAL, Event, Job, StoredFile, utcnow
 
 
 @dataclass(frozen=True)
@@ -231,33 +231,54 @@ def finish_owned(
     return update_owned(sessions, claim_, [("status", payload)], **values)
 
 
-def request_cancel(session: Session, job: Job) -> bool:
+def current(session: Session, job_id: str) -> Job | None:
+    """The job's row as the database has it now (not as this session last loaded it)."""
+    return session.scalar(select(Job).where(Job.id == job_id).execution_options(populate_existing=True))
+
+
+def request_cancel(session: Session, job_id: str) -> tuple[bool, Job | None]:
     """Queued → cancelled at once; running → cancelling (the worker stops at its next check).
 
-    Returns False when the job had already finished (nothing to cancel)."""
+    Each change is one conditional UPDATE, and the row is read back in the same transaction, so
+    the answer is the state that change made, whatever a concurrent DELETE does next. Returns
+    (holds, job): job is None when there is no such job (deleted meanwhile); holds is True when
+    the job is now cancelled or cancelling, False when it had already finished."""
     now = utcnow()
-    if job.status == "queued":
-        done = session.execute(
+    for before, after, extra in (("queued", "cancelled", {"finished_at": now}), ("running", "cancelling", {})):
+        changed = session.execute(
             update(Job)
-            .where(Job.id == job.id, Job.status == "queued")
-            .values(status="cancelled", finished_at=now, updated_at=now)
+            .where(Job.id == job_id, Job.status == before)
+            .values(status=after, updated_at=now, **extra)
             .execution_options(synchronize_session=False)
         ).rowcount
-        if done:
-            add_event(session, job.id, "status", {"status": "cancelled"})
+        if changed:
+            add_event(session, job_id, "status", {"status": after})
+            job = current(session, job_id)
             session.commit()
-            return True
-    if job.status in ("queued", "running"):
-        done = session.execute(
-            update(Job)
-            .where(Job.id == job.id, Job.status == "running")
-            .values(status="cancelling", updated_at=now)
-            .execution_options(synchronize_session=False)
-        ).rowcount
-        if done:
-            add_event(session, job.id, "status", {"status": "cancelling"})
-            session.commit()
-            return True
+            return True, job
     session.rollback()
-    session.refresh(job)
-    return job.status in ("cancelling", "cancelled")
+    job = current(session, job_id)
+    return job is not None and job.status in ("cancelling", "cancelled"), job
+
+
+def delete_finished(session: Session, job_id: str) -> tuple[bool, str | None]:
+    """Delete a finished job's rows (events, job, its inline corpus) in one transaction that a
+    conditional DELETE decides: of concurrent deletes of one job exactly one gets True, and an
+    active job is never deleted. Returns (deleted, path of the inline corpus file to remove).
+    The caller removes the job's files after this, so a request that finds files missing also
+    finds the job gone."""
+    corpus_file_id = session.scalar(select(Job.corpus_file_id).where(Job.id == job_id))
+    session.execute(delete(Event).where(Event.job_id == job_id).execution_options(synchronize_session=False))
+    deleted = session.execute(
+        delete(Job).where(Job.id == job_id, Job.status.in_(TERMINAL)).execution_options(synchronize_session=False)
+    ).rowcount
+    if not deleted:
+        session.rollback()  # the events too: the job is active, or another request deleted it
+        return False, None
+    inline_path = None
+    inline = session.get(StoredFile, corpus_file_id) if corpus_file_id else None
+    if inline is not None and inline.source == "inline":
+        inline_path = inline.path
+        session.delete(inline)
+    session.commit()
+    return True, inline_path

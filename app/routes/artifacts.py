@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from fastapi import APIRouter
 
 from ..db.models import Job
 from ..deps import KeyDep, SessionsDep, SettingsDep
-from ..downloads import ArchiveResponse
+from ..downloads import ArchiveResponse, Download, OpenedDownload
 from ..errors import ApiError
-from ..ranges import Download
 from ..schemas import Archive, ArtifactFile, Artifacts, ErrorResponse
 from ..storage import job_archive, legacy_archive_path, model_dir
 from .jobs import owned_job
@@ -51,37 +51,59 @@ def artifacts(job_id: str, sessions: SessionsDep, key: KeyDep) -> Artifacts:
     return Artifacts(job_id=job.id, files=files, archive=archive, expires_at=job.expires_at)
 
 
+def _opened(sessions, key, job: Job, open_download: Callable[[], OpenedDownload]) -> OpenedDownload:
+    """Open the download's files now, before any header goes out. Files missing here were deleted
+    or expired meanwhile (the job's row changes first): a fresh look at the job answers 404 or
+    410. Files missing from a job still published are damage, which the operator must see."""
+    try:
+        return open_download()
+    except OSError as exc:
+        _published(sessions, key, job.id)
+        log.error("job %s: its published files cannot be sent: %s", job.id, exc)
+        raise ApiError(
+            500, "artifacts_damaged",
+            f"the stored files of job {job.id} no longer match its manifest; the operator has been told in the log — run the job again",
+            "job_id",
+        ) from None
+
+
+# HEAD answers the headers a GET would (Content-Length, Accept-Ranges, ETag, Last-Modified) without
+# the body, so `curl -I` learns a download's size.
+@router.head("/jobs/{job_id}/artifacts/{path:path}", include_in_schema=False)
 @router.get(
     "/jobs/{job_id}/artifacts/{path:path}",
+    status_code=200,
     response_class=Download,
     summary="One file of the published model (supports Range)",
     responses=_DOWNLOAD,
 )
-def artifact_file(job_id: str, path: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> Download:
+def artifact_file(job_id: str, path: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> OpenedDownload:
     job = _published(sessions, key, job_id)
     # Only paths the manifest lists: no way to name anything else on disk.
     if path not in {f["path"] for f in job.manifest or []}:
         raise ApiError(404, "not_found", f"job {job_id} has no artifact {path!r}; GET /jobs/{job_id}/artifacts lists them", "path")
-    return Download(model_dir(settings, job.id) / path, filename=path.rsplit("/", 1)[-1], media_type="application/octet-stream")
+    return _opened(sessions, key, job, lambda: Download(
+        model_dir(settings, job.id) / path, filename=path.rsplit("/", 1)[-1], media_type="application/octet-stream"))
 
 
+@router.head("/jobs/{job_id}/archive", include_in_schema=False)
 @router.get(
     "/jobs/{job_id}/archive",
+    status_code=200,
     response_class=Download,
     summary="The whole model as one .tar (supports Range, so a broken download resumes with curl -C -)",
     responses=_DOWNLOAD,
 )
-def archive(job_id: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> Download:
+def archive(job_id: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> OpenedDownload:
     job = _published(sessions, key, job_id)
-    legacy = legacy_archive_path(settings, job.id)
-    if legacy.is_file():
-        return Download(legacy, filename=_archive_name(job), media_type="application/x-tar")
-    layout = job_archive(settings, job.id, job.created_at)
-    if layout.size != job.archive_bytes:
-        log.error("job %s: its model folder lays out as %d archive bytes, %s were published", job.id, layout.size, job.archive_bytes)
-        raise ApiError(
-            500, "artifacts_damaged",
-            f"the stored files of job {job_id} no longer match its archive; the operator has been told in the log — run the job again",
-            "job_id",
-        )
-    return ArchiveResponse(layout, filename=_archive_name(job), sha256=job.archive_sha256 or "", mtime=layout.mtime)
+
+    def open_archive() -> OpenedDownload:
+        legacy = legacy_archive_path(settings, job.id)
+        if legacy.is_file():
+            return Download(legacy, filename=_archive_name(job), media_type="application/x-tar")
+        layout = job_archive(settings, job.id, job.created_at)
+        if layout.size != job.archive_bytes:
+            raise OSError(f"its model folder lays out as {layout.size} archive bytes, {job.archive_bytes} were published")
+        return ArchiveResponse(layout, filename=_archive_name(job), sha256=job.archive_sha256 or "", mtime=layout.mtime)
+
+    return _opened(sessions, key, job, open_archive)

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Response
-from sqlalchemy import delete, select
+from sqlalchemy import select
 
-from ..db.jobs import add_event, request_cancel
-from ..db.models import Event, Job, StoredFile, utcnow
+from ..db.jobs import add_event, current, delete_finished, request_cancel
+from ..db.models import TERMINAL, Event, Job, utcnow
 from ..deps import KeyDep, SessionsDep, SettingsDep, get_base_tokenizers, get_queue
 from ..errors import ApiError
 from ..schemas import ErrorResponse, EventList, ExtendRequest, JobList, JobStatus
@@ -26,11 +26,15 @@ log = logging.getLogger("tide.api")
 _MAX_CURSOR = 2**63 - 1  # job sequence numbers are 64-bit integers in every database
 
 
+def no_job(job_id: str) -> ApiError:
+    return ApiError(404, "not_found", f"no job {job_id!r} for this API key; list yours with GET /jobs", "job_id")
+
+
 def owned_job(db, key, job_id: str) -> Job:
     job = db.scalar(select(Job).where(Job.id == job_id))
     if job is None or job.owner_id != key.id:
         # Another key's job is indistinguishable from no job at all.
-        raise ApiError(404, "not_found", f"no job {job_id!r} for this API key; list yours with GET /jobs", "job_id")
+        raise no_job(job_id)
     return job
 
 
@@ -131,27 +135,33 @@ def job_events(
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut, summary="Cancel a queued or running job", responses={**NOT_FOUND, **CONFLICT})
 def cancel_job(job_id: str, sessions: SessionsDep, key: KeyDep) -> JobOut:
     with sessions() as db:
-        job = owned_job(db, key, job_id)
-        if not request_cancel(db, job):
+        owned_job(db, key, job_id)
+        holds, job = request_cancel(db, job_id)
+        if job is None:  # deleted since it was read
+            raise no_job(job_id)
+        if not holds:
             raise ApiError(409, "job_finished", f"job {job_id} already {job.status}; there is nothing to cancel", "job_id")
-        db.refresh(job)
         return job_view(job)
 
 
 @router.delete("/jobs/{job_id}", status_code=204, summary="Delete a finished job and its artifacts", responses={**NOT_FOUND, **CONFLICT})
 def delete_job(job_id: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> Response:
     with sessions() as db:
-        job = owned_job(db, key, job_id)
-        if job.status not in ("succeeded", "failed", "cancelled"):
-            raise ApiError(409, "job_active", f"job {job_id} is {job.status}; cancel it first (POST /jobs/{job_id}/cancel)", "job_id")
-        remove_tree(job_artifacts_dir(settings, job.id))
-        remove_tree(job_work_dir(settings, job.id))
-        inline = db.get(StoredFile, job.corpus_file_id) if job.corpus_file_id else None
-        db.execute(delete(Event).where(Event.job_id == job.id))
-        db.delete(job)
-        if inline is not None and inline.source == "inline":
-            Path(inline.path).unlink(missing_ok=True)
-            db.delete(inline)
-        db.commit()
+        owned_job(db, key, job_id)
+        while True:
+            deleted, inline_corpus = delete_finished(db, job_id)
+            if deleted:
+                break
+            job = current(db, job_id)
+            if job is None:  # a concurrent DELETE won
+                raise no_job(job_id)
+            if job.status not in TERMINAL:
+                raise ApiError(409, "job_active", f"job {job_id} is {job.status}; cancel it first (POST /jobs/{job_id}/cancel)", "job_id")
+            # it finished between the DELETE and the look: once finished it stays so, try again
+    # Files go once the rows are gone: a download that finds them missing finds the job gone too,
+    # and one already sending holds its files open until it has sent every byte.
+    remove_tree(job_artifacts_dir(settings, job_id))
+    remove_tree(job_work_dir(settings, job_id))
+    if inline_corpus is not None:
+        Path(inline_corpus).unlink(missing_ok=True)
     return Response(status_code=204)
-

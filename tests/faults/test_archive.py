@@ -90,4 +90,25 @@ def test_any_byte_range_of_the_archive_is_served_and_resumes(model_folder):
     assert past_end.status_code == 416 and past_end.json()["error"]["code"] == "range_not_satisfiable"
     assert past_end.headers["content-range"] == f"bytes */{layout.size}"
     # an unparseable Range is ignored (RFC 9110): the whole archive
-    assert client.get("/archive", headers={"Range": "bytes=oops"}).content == whole
+    for header in ("bytes=oops", "bytes=--5", "bytes=+5-10"):
+        ignored = client.get("/archive", headers={"Range": header})
+        assert ignored.status_code == 200 and ignored.content == whole, header
+    # HEAD: the headers of the whole archive, no body
+    head = client.head("/archive")
+    assert head.status_code == 200 and head.content == b"" and head.headers["content-length"] == str(layout.size)
+
+
+def test_an_open_archive_reads_to_the_end_after_its_folder_is_deleted(model_folder):
+    """Issue 25 item 6: the reader opens every member when it is made, so a job deleted while its
+    archive downloads still sends every byte."""
+    import shutil
+
+    layout = ArchiveLayout(model_folder, "job_x", MTIME)
+    whole = _tarfile_bytes(model_folder)
+    with layout.open() as reader:
+        head = reader.read(1000)
+        shutil.rmtree(model_folder)
+        rest = reader.read(layout.size)
+    assert head + rest == whole
+    with pytest.raises(OSError):
+        layout.open()  # a reader made after the delete fails at once, before anything is sent

@@ -143,3 +143,28 @@ def test_a_key_may_have_only_so_many_jobs_in_flight(fault_settings):
         assert replay.status_code == 202 and replay.json()["id"] == first["id"]
         service.cancel(first["id"])
         service.submit(body)
+
+
+def test_at_the_job_limit_a_request_that_is_invalid_anyway_is_422_not_429(fault_settings):
+    """Issue 25 item 5: waiting would only turn the 429 into a 422, so the request is validated
+    whole before the key's jobs are counted; a valid one is refused without leaving its inline
+    corpus on disk."""
+    settings = fault_settings.model_copy(update={"max_active_jobs_per_key": 1})
+    with open_service(settings) as service:  # no worker: the first job stays queued
+        service.submit({"base_model": TINY_MODEL, "terms": ["hypertext"]})
+        uploads = set(settings.resolved_uploads_dir.iterdir())
+        invalid = [
+            ({"base_model": TINY_MODEL, "terms": [f"hypertext{i}" for i in range(10_000)]}, "terms"),
+            ({"base_model": "C:\\Windows", "terms": ["hypertext"]}, "base_model"),
+            ({"base_model": TINY_MODEL, "terms": ["hypertext"], "training": {"steps": settings.max_steps + 1}}, "training.steps"),
+            ({"base_model": TINY_MODEL, "corpus_text": " \n\n "}, "corpus_text"),
+            ({"base_model": TINY_MODEL, "corpus_file_id": "file_0123"}, "corpus_file_id"),
+        ]
+        for body, param in invalid:
+            response = service.client.post("/extend", json=body, headers=service.auth)
+            assert response.status_code == 422, (param, response.status_code, response.text[:300])
+            assert response.json()["error"]["param"] == param, response.text[:300]
+        valid = {"base_model": TINY_MODEL, "corpus_text": "hypertext documents link to other documents\n\n" * 40}
+        refused = service.client.post("/extend", json=valid, headers=service.auth)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_active_jobs", refused.text
+        assert set(settings.resolved_uploads_dir.iterdir()) == uploads  # the refused job's inline corpus is not kept

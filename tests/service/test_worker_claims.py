@@ -45,7 +45,7 @@ def _job(sessions, job_id: str) -> Job:
 
 def cancel(sessions, job_id: str) -> bool:
     with sessions() as db:
-        return job_state.request_cancel(db, db.query(Job).filter_by(id=job_id).one())
+        return job_state.request_cancel(db, job_id)[0]
 
 
 def claim(sessions, job_id, worker="w1", max_attempts=2):
