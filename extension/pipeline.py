@@ -144,7 +144,8 @@ def _evaluate(plan: JobPlan, model, vocabulary: "NewVocabulary", callbacks: Call
         "after": after,
         "comparison": compare(before, after),
         "padding": {k: v for k, v in init_report.items() if k != "padding_ids"},
-        "training": {"steps": vocabulary.trained.steps_done if vocabulary.trained else 0,
+        # steps taken, steps planned and why it stopped (train.STOP_REASONS), then the loss history
+        "training": {**(vocabulary.trained.report() if vocabulary.trained else {"steps": 0}),
                      "history": vocabulary.trained.history if vocabulary.trained else []},
         "selection": {k: v for k, v in vocabulary.selection.items() if k != "effects"},
         "devices": {"load": on_model, **_stage_devices(stages, on_model, trained=vocabulary.trained is not None),
@@ -176,6 +177,7 @@ def _publish(plan: JobPlan, model, vocabulary: "NewVocabulary", metrics: dict, i
         "device_defaults": {"device": plan.placement.device.type, "options": plan.device_defaults},
         "init": vocabulary.init,
         "trained_steps": steps_done,
+        "training": {k: v for k, v in metrics["training"].items() if k != "history"},
         "published_step": vocabulary.selection.get("best_step", steps_done),
         "vocab": {k: init_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
         "padding_ids": init_report["padding_ids"],
