@@ -1,7 +1,8 @@
 """Options whose default depends on the device the job runs on (`device_defaults` in
 extension/options.py; today training.steps: 100 on a CPU, 400 on a GPU, and
 training.max_train_seconds: 7200 and 3600). A request leaves them unset; the server's limits and
-the job's progress account for every device its workers may have; the worker fills in its own device's default and tide_extension.json says which it used."""
+the job's progress account for every device its workers may have; the worker fills in its own
+device's default and tide_extension.json says which it used."""
 
 from __future__ import annotations
 
