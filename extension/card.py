@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .evaluate import metrics_table
+from .decisions import decision_sentences
 
 _SHOWN_TERMS = 40
 
@@ -31,7 +32,7 @@ def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str
         "Padding rows are set to the mean output row and listed in `generation_config.json` "
         "(`suppress_tokens`); they are never produced by the tokenizer.",
         "",
-        *selection_section(extension.get("selection") or {}),
+        *selection_section(extension.get("selection") or {}, metrics),
         "## Before / after",
         "",
         metrics_table(metrics["before"], metrics["after"]),
@@ -70,14 +71,18 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def selection_section(selection: dict) -> list[str]:
-    """What validation decided: the step published and the terms removed, with the measured reason."""
+def selection_section(selection: dict, metrics: dict | None = None) -> list[str]:
+    """What validation decided: the step published, why training stopped, what selection kept and
+    gave up (and how to keep more), a terms-only job against the base model, and the terms
+    removed, with the measured reason."""
     lines = []
     if "best_step" in selection:
         lines += [f"Validation ({selection['validation']['source']}, {selection['validation']['bytes']:,} bytes) chose "
                   f"the rows of step {selection['best_step']} (step 0 = the initial rows).", ""]
     if selection.get("skipped"):
         lines += [f"No validation-based selection: {selection['skipped']}.", ""]
+    for sentence in decision_sentences({**(metrics or {}), "selection": selection}, style="both"):
+        lines += [sentence, ""]
     removed = selection.get("removed") or []
     if removed:
         lines += ["## Removed terms", "",

@@ -426,6 +426,9 @@ COMPARED = (
     ("domain", "tokens_per_byte"),
     ("general", "bits_per_byte"),
     ("general", "tokens_per_byte"),
+    # terms-only jobs: the held-out contexts the base model wrote (extension.pipeline._held_out_contexts)
+    ("held_out_contexts", "bits_per_byte"),
+    ("held_out_contexts", "tokens_per_byte"),
 )
 
 
@@ -456,6 +459,8 @@ _LABELS = {
     "domain_tokens_per_byte": "Domain tokens per byte (lower is shorter)",
     "general_bits_per_byte": "General-English bits per byte (retention)",
     "general_tokens_per_byte": "General-English tokens per byte",
+    "held_out_contexts_bits_per_byte": "Held-out contexts bits per byte (terms-only; lower is better)",
+    "held_out_contexts_tokens_per_byte": "Held-out contexts tokens per byte (lower is shorter)",
 }
 
 
@@ -479,6 +484,8 @@ def metrics_table(before: dict, after: dict) -> str:
     notes = []
     if after.get("domain"):
         notes.append(f"domain: {after['domain']['bytes']:,} bytes of held-out text")
+    if after.get("held_out_contexts"):
+        notes.append(f"held-out contexts: {after['held_out_contexts']['bytes']:,} bytes the base model wrote for the terms")
     if after.get("general"):
         notes.append(f"general: {after['general']['bytes']:,} bytes of {after['general']['source']}")
     settings = after.get("settings") or {}

@@ -157,6 +157,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("warmup_steps", int, 10, "linear learning-rate warmup steps before the cosine decay", 0, 1_000_000),
     Option("grad_clip", float, 1.0, "clip the new rows' gradient norm to this (0: no clipping)", 0, 1000.0),
     Option("seed", int, 0, "random seed (batches, generated contexts)", 0, 2**31 - 1),
+    # A budget by time beside the one by steps (issue 26): a CPU job that can afford its steps takes
+    # them, a large one stops when it must. Both stop the loop only; the learning-rate schedule is
+    # still planned over `steps`, and neither is part of the run key, so a job resumed with a bigger
+    # budget continues where it stopped.
+    Option("max_train_seconds", int, 7200, "stop training once this many seconds of wall time have gone into it, "
+           "validation included, across resumes (the rows of the best validated step are published as usual; "
+           "unset: the device's default)", 1, 10_000_000, device_defaults=(("cuda", 3600),)),
+    Option("validation_patience", int, 0, "stop training after this many validation checks in a row without a "
+           "better score (0: never; only where the job has validation text)", 0, 1000),
     Option("checkpoint_every", int, 50, "steps between checkpoints in the work folder (0: only at the end)", 0, 1_000_000),
     # what is published (extension/selection): the best validation step and the terms that pay
     Option("selection", str, "validation",

@@ -19,6 +19,7 @@ from .errors import InvalidCorpusError, InvalidTermsError, JobCancelled
 from .job_plan import JobPlan, corpus_label, offload_folder, plan_inputs, plan_model
 from .models import ModelSources, load_model
 from .publish import publish
+from .decisions import decision_sentences
 from .spec import STAGES, Callbacks, ExtendSpec  # noqa: F401  (STAGES: the order run() follows)
 
 DEFAULT_SOURCES = ModelSources(cache_dir=Path.home() / ".cache" / "tide")
@@ -43,6 +44,7 @@ class PipelineResult:
         for key, row in self.metrics.get("comparison", {}).items():
             if "before" in row:
                 lines.append(f"  {key}: {row['before']:.4f} -> {row['after']:.4f}")
+        lines += [f"  {sentence}" for sentence in decision_sentences(self.metrics, style="cli")]
         lines.append(f"  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()))
         return "\n".join(lines)
 
@@ -138,13 +140,17 @@ def _evaluate(plan: JobPlan, model, vocabulary: "NewVocabulary", callbacks: Call
         )
     after = evaluate_model(model, extended.tokenizer, held_out, general, new_token_ids=[t.id for t in extended.new_tokens],
                            **common, on_progress=lambda done, total: callbacks.on_progress(total + done, 2 * total, {"unit": "chunks"}))
+    held_out = _held_out_contexts(vocabulary.selection)
+    if held_out is not None:  # a terms-only job: compared with the base model on its held-out contexts too
+        before["held_out_contexts"], after["held_out_contexts"] = held_out
     on_model = job_devices.describe(model)
     metrics = {
         "before": before,
         "after": after,
         "comparison": compare(before, after),
         "padding": {k: v for k, v in init_report.items() if k != "padding_ids"},
-        "training": {"steps": vocabulary.trained.steps_done if vocabulary.trained else 0,
+        # steps taken, steps planned and why it stopped (train.STOP_REASONS), then the loss history
+        "training": {**(vocabulary.trained.report() if vocabulary.trained else {"steps": 0}),
                      "history": vocabulary.trained.history if vocabulary.trained else []},
         "selection": {k: v for k, v in vocabulary.selection.items() if k != "effects"},
         "devices": {"load": on_model, **_stage_devices(stages, on_model, trained=vocabulary.trained is not None),
@@ -154,6 +160,20 @@ def _evaluate(plan: JobPlan, model, vocabulary: "NewVocabulary", callbacks: Call
     }
     callbacks.on_event("metrics", {"comparison": metrics["comparison"]})
     return metrics, init_report
+
+
+def _held_out_contexts(selection: dict) -> tuple[dict, dict] | None:
+    """(before, after) on a terms-only job's held-out contexts: the base model reading the base
+    tokenizer's ids and the published rows reading the extended tokenizer's, on the same text, in
+    bits per byte (never per token: the two tokenizers cut it differently). Both were scored by
+    selection already (the validation set and measure_terms): no text is scored twice. None for
+    corpus jobs (their test split is the domain text) and jobs without validation."""
+    validation = selection.get("validation") or {}
+    if validation.get("source") != "held-out generated contexts" or "bits_per_byte" not in selection:
+        return None
+    size = {"bytes": validation["bytes"], "chunks": validation["chunks"]}
+    return ({"bits_per_byte": validation["base_bits_per_byte"], "tokens_per_byte": validation.get("base_tokens_per_byte"), **size},
+            {"bits_per_byte": selection["bits_per_byte"], "tokens_per_byte": selection.get("tokens_per_byte"), **size})
 
 
 def _publish(plan: JobPlan, model, vocabulary: "NewVocabulary", metrics: dict, init_report: dict, run_checkpoint,
@@ -176,6 +196,7 @@ def _publish(plan: JobPlan, model, vocabulary: "NewVocabulary", metrics: dict, i
         "device_defaults": {"device": plan.placement.device.type, "options": plan.device_defaults},
         "init": vocabulary.init,
         "trained_steps": steps_done,
+        "training": {k: v for k, v in metrics["training"].items() if k != "history"},
         "published_step": vocabulary.selection.get("best_step", steps_done),
         "vocab": {k: init_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
         "padding_ids": init_report["padding_ids"],

@@ -31,6 +31,13 @@ from .rows import RowsAdapter
 from .spec import Callbacks
 
 CHECKPOINT_NAME = "rows_checkpoint.pt"
+# Why training ended (TrainResult.stopped, metrics "training.stopped"): it ran every step, its time
+# budget ran out, validation stopped improving, or the job was cancelled (then only the checkpoint
+# records it: a cancelled job publishes nothing).
+STOP_REASONS = ("steps", "time_budget", "validation_stalled", "cancelled")
+# Settings that say when to stop, not what a step computes: a checkpoint made under other values is
+# still this run's, so a job resumed with a bigger budget continues.
+_NOT_IN_RUN_KEY = ("checkpoint_every", "max_train_seconds", "validation_patience")
 SAMPLING_MODES = ("centred", "sequential", "mixed")
 # Chosen by measurement on SmolLM2 + FOLDOC (benchmarks/results/window_sampling.md): centred
 # windows reached in 16 steps a held-out quality sequential windows had not reached in 48, for
@@ -53,6 +60,8 @@ class TrainConfig:
     grad_clip: float = DEFAULTS["grad_clip"]
     seed: int = DEFAULTS["seed"]
     checkpoint_every: int = DEFAULTS["checkpoint_every"]
+    max_train_seconds: int = DEFAULTS["max_train_seconds"]
+    validation_patience: int = DEFAULTS["validation_patience"]
     betas: tuple[float, float] = (0.9, 0.95)
     min_lr_ratio: float = 0.1
 
@@ -102,6 +111,13 @@ class TrainResult:
     best_step: int | None = None  # the step whose rows these are (0 = the init); None: no validation
     validation: list[dict] = field(default_factory=list)  # [{step, bits_per_byte}]
     seconds: dict = field(default_factory=dict)  # {"training": s, "validation": s}
+    stopped: str = "steps"  # one of STOP_REASONS
+    planned_steps: int = 0  # config.steps: steps_done is fewer when training stopped early
+    limits: dict = field(default_factory=dict)  # {max_train_seconds, validation_patience} the run stopped by
+
+    def report(self) -> dict:
+        """How training ended, for metrics and tide_extension.json ("training")."""
+        return {"steps": self.steps_done, "planned_steps": self.planned_steps, "stopped": self.stopped, **self.limits}
 
 
 class StepValidation(Protocol):
@@ -132,6 +148,11 @@ class _BestRows:
             self.step, self.score, self.rows = step, score, adapter.rows()
             self.optimizer_state = copy.deepcopy(optimizer.state_dict()) if step > 0 else None
 
+    def checks_since_best(self) -> int:
+        """Validation checks after the best one (none yet: 0)."""
+        steps = [entry["step"] for entry in self.history]
+        return len(steps) - 1 - steps.index(self.step) if self.step in steps else 0
+
     def to_state(self) -> dict:
         return {"step": self.step, "score": self.score, "rows": self.rows, "optimizer_state": self.optimizer_state,
                 "history": self.history, "seconds": self.seconds}
@@ -161,7 +182,9 @@ def train_rows(
     identity: dict | None = None,
     validate: StepValidation | None = None,
 ) -> TrainResult:
-    """Train `adapter`'s rows for config.steps; resumes from callbacks.work_dir when it holds a
+    """Train `adapter`'s rows for config.steps, or fewer when the time budget
+    (config.max_train_seconds) runs out or validation stops improving (config.validation_patience
+    checks without a better score); TrainResult.stopped says which. Resumes from callbacks.work_dir when it holds a
     checkpoint of the same run: same settings, same training data (`objective.fingerprint()`)
     and same `identity` (`run_identity`: the base model and the new tokens), so a reused work
     folder never resumes rows made for other terms or another model. Raises JobCancelled (after
@@ -180,53 +203,77 @@ def train_rows(
         best.consider(0, adapter, optimizer, validate)
     training_seconds = sum(record.get("seconds", 0.0) for record in history)
 
+    steps_done, stopped = start, "steps"
     for step in range(start, config.steps):
+        stopped = _stop_reason(config, training_seconds + best.seconds, best if validate is not None else None)
+        if stopped != "steps":
+            break
         if callbacks.should_cancel():
-            _save(checkpoint, key, adapter, optimizer, step, history, best)
+            _save(checkpoint, key, adapter, optimizer, step, history, best, stopped="cancelled")
             raise JobCancelled(f"cancelled before training step {step + 1} of {config.steps}")
-        began = time.perf_counter()
-        lr = config.lr_at(step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr * group["lr_scale"]
-        total, count = objective.loss(adapter, step)
-        loss = total / max(count, 1)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else float("inf"))
-        optimizer.step()
-        elapsed = time.perf_counter() - began
-        training_seconds += elapsed
-        record = {
-            "step": step + 1,
-            "loss": float(loss.detach()),
-            "lr": lr,
-            "grad_norm": float(grad_norm),
-            "tokens": count,
-            "tokens_per_s": count / elapsed if elapsed > 0 else 0.0,
-            "seconds": elapsed,
-        }
+        record = _train_step(adapter, optimizer, objective, config, params, step)
+        training_seconds += record["seconds"]
         history.append(record)
+        steps_done = step + 1
         if validate is not None and validate.due(step + 1):
             best.consider(step + 1, adapter, optimizer, validate)
         callbacks.on_progress(step + 1, config.steps, {k: record[k] for k in ("loss", "tokens_per_s", "lr")})
         if config.checkpoint_every and (step + 1) % config.checkpoint_every == 0 and step + 1 < config.steps:
             _save(checkpoint, key, adapter, optimizer, step + 1, history, best)
-    steps_done = max(start, config.steps)
-    _save(checkpoint, key, adapter, optimizer, steps_done, history, best)
+    if stopped != "steps" and validate is not None and best.history and best.history[-1]["step"] != steps_done:
+        best.consider(steps_done, adapter, optimizer, validate)  # the rows it stopped with get their chance
+    _save(checkpoint, key, adapter, optimizer, steps_done, history, best, stopped=stopped)
     seconds = {"training": round(training_seconds, 3), "validation": round(best.seconds, 3)}
+    ended = dict(steps_done=steps_done, resumed_from=start, seconds=seconds, stopped=stopped, planned_steps=config.steps,
+                 limits={"max_train_seconds": config.max_train_seconds, "validation_patience": config.validation_patience})
     if validate is None or best.step is None:
-        return TrainResult(history=history, steps_done=steps_done, rows=adapter.rows(), resumed_from=start,
-                           optimizer_state=optimizer.state_dict(), seconds=seconds)
-    return TrainResult(history=history, steps_done=steps_done, rows=best.rows, resumed_from=start,
-                       optimizer_state=best.optimizer_state, best_step=best.step, validation=best.history, seconds=seconds)
+        return TrainResult(history=history, rows=adapter.rows(), optimizer_state=optimizer.state_dict(), **ended)
+    return TrainResult(history=history, rows=best.rows, optimizer_state=best.optimizer_state, best_step=best.step,
+                       validation=best.history, **ended)
+
+
+def _stop_reason(config: TrainConfig, spent_seconds: float, best: _BestRows | None) -> str:
+    """Why training should stop before its next step ("steps": it should not). Checked before a
+    step rather than after, so a job resumed under the same budget takes no extra step."""
+    if spent_seconds >= config.max_train_seconds:
+        return "time_budget"
+    if best is not None and config.validation_patience and best.checks_since_best() >= config.validation_patience:
+        return "validation_stalled"
+    return "steps"
+
+
+def _train_step(adapter: RowsAdapter, optimizer, objective, config: TrainConfig, params: list, step: int) -> dict:
+    """One optimizer step on step `step`'s batch; returns its history record."""
+    began = time.perf_counter()
+    lr = config.lr_at(step)
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_scale"]
+    total, count = objective.loss(adapter, step)
+    loss = total / max(count, 1)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip if config.grad_clip > 0 else float("inf"))
+    optimizer.step()
+    elapsed = time.perf_counter() - began
+    return {
+        "step": step + 1,
+        "loss": float(loss.detach()),
+        "lr": lr,
+        "grad_norm": float(grad_norm),
+        "tokens": count,
+        "tokens_per_s": count / elapsed if elapsed > 0 else 0.0,
+        "seconds": elapsed,
+    }
 
 
 # -- checkpoints ------------------------------------------------------------------------------
 def _run_key(adapter: RowsAdapter, config: TrainConfig, objective, identity: dict | None) -> dict:
     """What must match for a checkpoint to belong to this run. `steps` is part of it because the
-    learning-rate schedule depends on the total; only checkpoint_every may change on a re-run."""
+    learning-rate schedule depends on the total; what says only when to stop (_NOT_IN_RUN_KEY)
+    may change on a re-run."""
     key = asdict(config)
-    key.pop("checkpoint_every")
+    for name in _NOT_IN_RUN_KEY:
+        key.pop(name)
     key["betas"] = list(key["betas"])
     key["rows"] = [list(p.shape) for p in adapter.parameters()]
     key["base_vocab_size"] = adapter.base_vocab_size
@@ -235,7 +282,8 @@ def _run_key(adapter: RowsAdapter, config: TrainConfig, objective, identity: dic
     return key
 
 
-def _save(path: Path | None, key: dict, adapter, optimizer, step: int, history: list[dict], best: _BestRows) -> None:
+def _save(path: Path | None, key: dict, adapter, optimizer, step: int, history: list[dict], best: _BestRows,
+          stopped: str | None = None) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -246,6 +294,7 @@ def _save(path: Path | None, key: dict, adapter, optimizer, step: int, history: 
         "optimizer": optimizer.state_dict(),
         "history": history,
         "best": best.to_state(),
+        "stopped": stopped,  # None: saved mid-run
     }
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)

@@ -96,7 +96,7 @@ def test_a_job_that_leaves_steps_unset_trains_its_devices_default(tmp_path, tiny
     device = extension["device_defaults"]["device"]
     assert device == ("cuda" if torch.cuda.is_available() else "cpu")
     steps = BY_NAME["steps"].default_on(device)
-    assert extension["device_defaults"]["options"] == {"steps": steps}
+    assert extension["device_defaults"]["options"] == {"steps": steps, "max_train_seconds": BY_NAME["max_train_seconds"].default_on(device)}
     assert extension["spec"]["steps"] == extension["trained_steps"] == _metrics(tmp_path / "out")["training"]["steps"] == steps
 
 

@@ -145,3 +145,17 @@ def test_term_rows_show_pieces_ids_and_fields_added_later():
     assert len(rows) == 2 and more == 1 and skipped[0]["term"] == "a"
     assert rows[0].pieces == ["Ġh + yper + text"] and rows[0].ids == [900]
     assert rows[0].notes == ["kept: False", "reason: raised bits per byte on validation"]
+
+
+def test_the_verdict_says_what_selection_gave_up_and_why_training_stopped_as_the_api_names_options():
+    """The job page prints the CLI summary's and the card's sentences (extension/decisions.py),
+    with options named by their request fields."""
+    from tests.test_decisions import MEDICAL
+
+    metrics = {**METRICS, **MEDICAL, "training": {**MEDICAL["training"], "steps": 30, "stopped": "validation_stalled",
+                                                  "validation_patience": 2}}
+    sentences = views.verdict(metrics)
+    assert sentences[0].startswith("Better on your held-out domain text")
+    assert "Stopped early after 30 of 40 steps: validation had not improved for 2 checks in a row." in sentences
+    kept = next(s for s in sentences if s.startswith("Term selection kept 15 of the 300 new tokens offered"))
+    assert "train longer (`training.steps: 80`) to keep more" in kept

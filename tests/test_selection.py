@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from extension.corpus import HELD_OUT_FRACTION, TEST_FRACTION, split_documents, split_of, train_documents
+from extension.decisions import selection_sentence
 from extension.evaluate import read_fortune_file
 from extension.init import subword_mean_rows
 from extension.selection import ValidationPlan, build_validation, keep_optimizer_rows, select_terms
@@ -166,6 +167,14 @@ def test_a_harmful_term_is_removed_and_the_tokenizer_stays_valid(smollm2, smollm
 
     survivors = [unit for unit in units if unit.name not in first_round]
     assert survivors  # a bad row is charged to its own term, not to every term near it
+
+    # each round records how short its tokens make the whole validation text, so the job can say
+    # what the removals gave up (extension/decisions.py)
+    assert all(r["tokens_per_byte"] < r["base_tokens_per_byte"] == validation.base.tokens / validation.bytes for r in chosen.rounds)
+    if chosen.extended is not None:
+        sentence = selection_sentence({"selection": chosen.to_json()})
+        assert f"kept {len(chosen.extended.new_tokens)} of the {len(extended.new_tokens)} new tokens offered" in sentence
+        assert "of the saving was given up" in sentence
 
     # the nets never explain less than the measured change: what the attribution cannot place is
     # shared out per use, so a round that removes every harmful unit closes the whole gap

@@ -359,3 +359,58 @@ def test_term_contexts_fit_the_sequence_length_on_both_sides(smollm2_extended):
     context = data.contexts[0]
     assert len(context.student) <= 7 and len(context.teacher) <= 7
     assert context.last_piece[-1] == len(context.teacher) - 1
+
+
+# --- issue 26: a budget by time, and stopping where validation stalls -------------------------
+
+
+class HeldOutLoss:
+    """A StepValidation as train_rows asks for one: the rows' next-token loss on a held-out token
+    stream (the product's own TokenWindows and fused loss), checked after every step."""
+
+    def __init__(self, tokens: torch.Tensor):
+        self.windows = TokenWindows(tokens, base_vocab_size=BASE_VOCAB, batch_size=4, seq_len=16, sampling="sequential")
+
+    def due(self, step: int) -> bool:
+        return True
+
+    def __call__(self, adapter) -> float:
+        with torch.no_grad():
+            total, count = self.windows.loss(adapter, 0)
+        return float(total) / count
+
+
+def test_a_time_budget_stops_training_and_a_bigger_one_resumes_it(tmp_path):
+    """max_train_seconds stops the loop (stopped == "time_budget", fewer steps than planned); it is
+    not part of the run key, so the same job resumed with a bigger budget continues from there,
+    and resumed with the same budget it takes no extra step."""
+    slow = dict(steps=600, batch_size=8, seq_len=64, warmup_steps=0, checkpoint_every=0)
+    _, _, stopped, _ = _train(True, tmp_path, max_train_seconds=1, **slow)
+    assert stopped.stopped == "time_budget" and 0 < stopped.steps_done < 600 == stopped.planned_steps
+    assert len(stopped.history) == stopped.steps_done
+    assert stopped.report() == {"steps": stopped.steps_done, "planned_steps": 600, "stopped": "time_budget",
+                                "max_train_seconds": 1, "validation_patience": 0}
+    _, _, again, progress = _train(True, tmp_path, max_train_seconds=1, **slow)
+    assert again.stopped == "time_budget" and again.steps_done == stopped.steps_done and progress == []
+    _, _, resumed, progress = _train(True, tmp_path, max_train_seconds=3600, **slow)
+    assert resumed.resumed_from == stopped.steps_done and resumed.steps_done == 600 and resumed.stopped == "steps"
+    assert progress[0][0] == stopped.steps_done + 1
+
+
+def test_validation_patience_stops_training_where_validation_cannot_improve():
+    """Every step of this learning rate (1.0, x100 for the rows: each coordinate moves by ~100)
+    wrecks the rows, so no step scores better than the init: with patience 1 the loop stops after
+    the first check without improvement, and the init (step 0) is what it returns."""
+    model, adapter = _setup(True)
+    config = TrainConfig(**{**CONFIG, "lr": 1.0, "embedding_lr_multiplier": 100, "warmup_steps": 0, "validation_patience": 1})
+    data = TokenWindows(_stream(), base_vocab_size=BASE_VOCAB, batch_size=2, seq_len=16, sampling="centred")
+    result = train_rows(model, adapter, data, config, validate=HeldOutLoss(_stream(seed=1)))
+    assert result.stopped == "validation_stalled" and result.steps_done == 1 and result.planned_steps == 12
+    assert result.best_step == 0 and [point["step"] for point in result.validation] == [0, 1]
+    assert result.validation[1]["bits_per_byte"] > result.validation[0]["bits_per_byte"]
+    assert torch.equal(result.rows.input, torch.zeros(NEW, DIM))
+    # without patience the same run takes every step
+    model, adapter = _setup(True)
+    full = train_rows(model, adapter, data, TrainConfig(**{**config.__dict__, "validation_patience": 0}),
+                      validate=HeldOutLoss(_stream(seed=1)))
+    assert full.stopped == "steps" and full.steps_done == 12

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from extension.decisions import decision_sentences
 from extension.spec import STAGES
 
 # The fields that say what a job works on; the form lays these out by hand (paste or upload).
@@ -418,7 +419,9 @@ def verdict(metrics: dict | None) -> list[str]:
         word = "better" if change < 0 else "worse" if change > 0 else "unchanged"
         sentences.append(f"General English is {word}: bits per byte {change:+.2f}% "
                          f"({format_number(general['before'])} → {format_number(general['after'])}).")
-    return sentences
+    # why training stopped, what selection kept and gave up, a terms-only job against the base:
+    # the same sentences as the CLI summary and the model card, naming options as the API does
+    return sentences + decision_sentences(metrics, style="api")
 
 
 def other_metrics(metrics: dict | None) -> dict[str, Any]:

@@ -76,7 +76,10 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
         rounds.append({"round": number, "new_tokens": len(current.new_tokens), "units": len(kept_units),
                        "bits_per_byte": judged.bits_per_byte, "base_bits_per_byte": base_judge.bits_per_byte,
                        "margin_bits_per_byte": margin, "decided_on_bits_per_byte": score.bits_per_byte,
-                       "decided_on_base_bits_per_byte": base_decide.bits_per_byte, "unexplained_bits_per_use": per_use})
+                       "decided_on_base_bits_per_byte": base_decide.bits_per_byte, "unexplained_bits_per_use": per_use,
+                       # the whole validation text (both folds): what the tokens kept this round save in length
+                       "tokens_per_byte": (score.tokens + judged.tokens) / (score.bytes + judged.bytes),
+                       "base_tokens_per_byte": validation.base.tokens / validation.base.bytes})
         if judged.bits_per_byte + margin <= base_judge.bits_per_byte:
             return Selection(current, current_rows, kept_index, removed, rounds, _effects_json(unit_effects))
         if should_cancel is not None and should_cancel():
@@ -295,7 +298,7 @@ def measure_terms(model, extended, rows: NewRows, validation: ValidationSet, *, 
     score = _score(model, extended, rows, validation, pad_to_multiple_of)
     effects = token_effects(score, validation.base, first_new_id=extended.base_vocab_size, num_new=len(extended.new_tokens))
     per_use = unexplained_bits_per_use(score, validation.base, effects)
-    return {"bits_per_byte": score.bits_per_byte, "unexplained_bits_per_use": per_use,
+    return {"bits_per_byte": score.bits_per_byte, "tokens_per_byte": score.tokens / score.bytes, "unexplained_bits_per_use": per_use,
             "effects": _effects_json(_unit_effects(units, extended, effects, per_use))}
 
 

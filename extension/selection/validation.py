@@ -60,7 +60,8 @@ class ValidationSet:
 
     def report(self) -> dict:
         return {"source": self.source, "bytes": self.bytes, "chunks": len(self.chunks),
-                "base_bits_per_byte": self.base.bits_per_byte, "base_seconds": round(self.base_seconds, 3)}
+                "base_bits_per_byte": self.base.bits_per_byte, "base_tokens_per_byte": self.base.tokens / self.bytes,
+                "base_seconds": round(self.base_seconds, 3)}
 
 
 def build_validation(model, base_tokenizer, documents: list[str], *, source: str,

@@ -1,7 +1,8 @@
 """Options whose default depends on the device the job runs on (`device_defaults` in
-extension/options.py; today training.steps: 100 on a CPU, 400 on a GPU). A request leaves them
-unset; the server's limits and the job's progress account for every device its workers may have;
-the worker fills in its own device's default and tide_extension.json says which it used."""
+extension/options.py; today training.steps: 100 on a CPU, 400 on a GPU, and
+training.max_train_seconds: 7200 and 3600). A request leaves them unset; the server's limits and
+the job's progress account for every device its workers may have; the worker fills in its own
+device's default and tide_extension.json says which it used."""
 
 from __future__ import annotations
 
@@ -22,11 +23,14 @@ SMALL = {"batch_size": 2, "seq_len": 32, "warmup_steps": 0, "checkpoint_every": 
 
 def test_an_unset_option_takes_the_default_of_the_device():
     unset = ExtendSpec(base_model="m", out_dir="o", terms=["kernel"])
-    assert unset.steps is None
-    assert defaults_for_device(unset, "cpu") == {"steps": BY_NAME["steps"].default} == {"steps": 100}
-    assert defaults_for_device(unset, "cuda") == {"steps": 400}
-    assert defaults_for_device(ExtendSpec(base_model="m", out_dir="o", terms=["kernel"], steps=7), "cuda") == {}
+    assert unset.steps is None and unset.max_train_seconds is None
+    assert defaults_for_device(unset, "cpu") == {"steps": BY_NAME["steps"].default, "max_train_seconds": 7200} == {
+        "steps": 100, "max_train_seconds": 7200}
+    assert defaults_for_device(unset, "cuda") == {"steps": 400, "max_train_seconds": 3600}
+    assert defaults_for_device(ExtendSpec(base_model="m", out_dir="o", terms=["kernel"], steps=7, max_train_seconds=60),
+                               "cuda") == {}
     assert BY_NAME["steps"].default_text == "100 on a CPU, 400 on a GPU (cuda)"
+    assert BY_NAME["max_train_seconds"].default_text == "7200 on a CPU, 3600 on a GPU (cuda)"
 
 
 @pytest.fixture()
@@ -87,4 +91,7 @@ def test_a_job_without_steps_trains_its_devices_default_and_says_so(client, auth
     url = next(f["url"] for f in manifest["files"] if f["path"] == "tide_extension.json")
     extension = json.loads(client.get(url, headers=auth).content)
     assert extension["spec"]["steps"] == extension["trained_steps"] == steps
-    assert extension["device_defaults"] == {"device": device, "options": {"steps": steps}}
+    assert extension["device_defaults"] == {"device": device, "options": {
+        "steps": steps, "max_train_seconds": BY_NAME["max_train_seconds"].default_on(device)}}
+    assert extension["training"] == {"steps": steps, "planned_steps": steps, "stopped": "steps",
+                                     "max_train_seconds": BY_NAME["max_train_seconds"].default_on(device), "validation_patience": 0}

@@ -1,0 +1,117 @@
+"""What a job decided, in sentences a user can act on: the CLI summary, the job page and the model
+card all call `decision_sentences`, so the three never tell different stories.
+
+Everything is read from the job's metrics (metrics.json, the service's job metrics): "selection"
+(the rounds of term selection, each with the validation text's tokens per byte), "training"
+(steps taken and why it stopped) and "comparison" (the held-out contexts of a terms-only job).
+Metrics recorded before a field existed simply give fewer sentences.
+"""
+
+from __future__ import annotations
+
+from .options import BY_NAME
+
+# How an option is named where the sentence is read: the CLI's flag, the API's JSON path, or
+# both (the model card, read by users of either door).
+STYLES = ("cli", "api", "both")
+# The corpus is an input, not an option: how each door names it.
+_CORPUS_WORDS = {"cli": "`--corpus FILE`", "api": "a corpus, `corpus_file_id`", "both": "`--corpus FILE` (API: `corpus_file_id`)"}
+
+
+def decision_sentences(metrics: dict | None, *, style: str = "cli") -> list[str]:
+    """The sentences, in the order a user wants them: why training stopped, what selection kept
+    and gave up, how a terms-only job compares with the base model on its held-out contexts."""
+    metrics = metrics or {}
+    found = [stopped_early_sentence(metrics.get("training") or {}, style=style),
+             selection_sentence(metrics, style=style),
+             held_out_sentence(metrics, style=style)]
+    return [sentence for sentence in found if sentence]
+
+
+def option_words(name: str, value, *, style: str) -> str:
+    """An option set to a value as the reader would write it, e.g. `--steps 200`."""
+    option = BY_NAME[name]
+    if style == "api":
+        return f"`{option.api_path}: {value}`"
+    if style == "both":
+        return f"`{option.cli_flag} {value}` (API: `{option.api_path}`)"
+    return f"`{option.cli_flag} {value}`"
+
+
+def stopped_early_sentence(training: dict, *, style: str = "cli") -> str | None:
+    """'Stopped early after N of M steps: why' where training ended before its last step."""
+    stopped, steps, planned = training.get("stopped"), training.get("steps"), training.get("planned_steps")
+    if stopped in (None, "steps") or steps is None or planned is None:
+        return None
+    if stopped == "time_budget":
+        budget = training.get("max_train_seconds")
+        why = (f"its time budget of {budget:,} s ran out ({option_words('max_train_seconds', 2 * budget, style=style)} "
+               "gives it more)") if budget else "its time budget ran out"
+    elif stopped == "validation_stalled":
+        patience = training.get("validation_patience")
+        why = (f"validation had not improved for {patience} check{'s' if patience != 1 else ''} in a row"
+               if patience else "validation had stopped improving")
+    else:
+        why = stopped
+    return f"Stopped early after {steps} of {planned} steps: {why}."
+
+
+def _shorter(tokens_per_byte: float, base_tokens_per_byte: float) -> float:
+    """How much shorter, as a fraction, the text is in tokens than with the base tokenizer."""
+    return 1 - tokens_per_byte / base_tokens_per_byte
+
+
+def selection_sentence(metrics: dict, *, style: str = "cli") -> str | None:
+    """Tokens offered, kept, the saving given up and, where the validation curve was still
+    falling at the last step, how to keep more. None where no term selection ran."""
+    selection = metrics.get("selection") or {}
+    rounds = selection.get("rounds") or []
+    if not rounds or "kept" not in selection:
+        return None
+    offered, kept = rounds[0]["new_tokens"], selection["kept"]
+    first, last = rounds[0], rounds[-1]
+    base = first.get("base_tokens_per_byte")
+    if kept == offered:
+        words = f"Term selection kept all {offered} new tokens offered"
+        if base and "tokens_per_byte" in first:
+            words += f": the validation text is {_shorter(first['tokens_per_byte'], base):.1%} shorter in tokens"
+        return words + "."
+    words = (f"Term selection kept {kept} of the {offered} new tokens offered ({offered - kept} removed in "
+             f"{len(rounds)} round{'s' if len(rounds) != 1 else ''})")
+    if base and "tokens_per_byte" in first and "tokens_per_byte" in last:
+        offered_saving, kept_saving = _shorter(first["tokens_per_byte"], base), _shorter(last["tokens_per_byte"], base)
+        words += (f": the validation text is {kept_saving:.1%} shorter in tokens where all {offered} would have made it "
+                  f"{offered_saving:.1%} shorter")
+        if offered_saving > 0:
+            words += f", so {max(0.0, 1 - kept_saving / offered_saving):.0%} of the saving was given up"
+    return words + "." + _keep_more(metrics, style=style)
+
+
+def _keep_more(metrics: dict, *, style: str) -> str:
+    """' Train longer ... to keep more.' where the validation score was still falling at the last
+    validated step (the rows had not finished learning), else ''."""
+    curve = (metrics.get("selection") or {}).get("validation_curve") or []
+    if len(curve) < 2 or not curve[-1]["bits_per_byte"] < curve[-2]["bits_per_byte"]:
+        return ""
+    training = metrics.get("training") or {}
+    if training.get("stopped") == "time_budget" and training.get("max_train_seconds"):
+        more = option_words("max_train_seconds", 2 * training["max_train_seconds"], style=style)
+    else:
+        more = option_words("steps", 2 * (training.get("planned_steps") or curve[-1]["step"]), style=style)
+    return (f" The validation score was still falling at the last step ({curve[-1]['step']}): "
+            f"train longer ({more}) to keep more.")
+
+
+def held_out_sentence(metrics: dict, *, style: str = "cli") -> str | None:
+    """A terms-only job against the base model on its held-out contexts, in bits per byte."""
+    row = (metrics.get("comparison") or {}).get("held_out_contexts_bits_per_byte")
+    if not row or row.get("before") is None or row.get("after") is None:
+        return None
+    before, after = row["before"], row["after"]
+    numbers = f"{after:.4f} bits per byte against the base model's {before:.4f} ({(after / before - 1):+.2%})"
+    where = "On the held-out contexts (text the base model wrote for your terms, kept out of training)"
+    if after > before:
+        return (f"{where} the extended model is WORSE than the base model: {numbers}. Its shorter text costs more "
+                f"bits than it saves there; give your own domain text ({_CORPUS_WORDS[style]}) to train and judge the "
+                "terms on it, or train longer.")
+    return f"{where} the extended model is at or below the base model: {numbers}."

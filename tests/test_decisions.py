@@ -1,0 +1,95 @@
+"""Issue 26: what a job decided, in words the user can act on (extension/decisions.py), on metrics
+as jobs record them. The CLI summary, the job page and the model card all print these sentences;
+the CLI test runs (tests/test_extend_summary.py) show them there."""
+
+from __future__ import annotations
+
+import copy
+
+from extension.decisions import decision_sentences, held_out_sentence, selection_sentence, stopped_early_sentence
+
+
+def _round(number: int, new_tokens: int, tokens_per_byte: float) -> dict:
+    return {"round": number, "new_tokens": new_tokens, "units": new_tokens, "bits_per_byte": 1.52,
+            "base_bits_per_byte": 1.53, "margin_bits_per_byte": 0.004, "tokens_per_byte": tokens_per_byte,
+            "base_tokens_per_byte": 0.2600}
+
+
+# A medical corpus job like the issue's: 300 mined tokens offered, 15 kept in 6 rounds; the text is
+# 1.9% shorter where all 300 would have made it 3.9% shorter.
+MEDICAL = {
+    "training": {"steps": 40, "planned_steps": 40, "stopped": "steps", "max_train_seconds": 7200, "validation_patience": 0},
+    "selection": {
+        "mode": "validation", "best_step": 40, "kept": 15,
+        "validation": {"source": "corpus validation split", "bytes": 32000, "chunks": 32},
+        "validation_curve": [{"step": 0, "bits_per_byte": 1.60}, {"step": 20, "bits_per_byte": 1.55},
+                             {"step": 40, "bits_per_byte": 1.53}],
+        "rounds": [_round(1, 300, 0.2600 * (1 - 0.039)), *(_round(n, 300 - 57 * (n - 1), 0.2560) for n in range(2, 6)),
+                   _round(6, 15, 0.2600 * (1 - 0.019))],
+        "removed": [{"term": f"t{k}", "tokens": [f"t{k}"], "round": 1, "occurrences": 1, "net_bits": 1.0,
+                     "leak_bits": 0.1, "reason": "costs"} for k in range(285)],
+    },
+}
+
+
+def test_removed_tokens_are_counted_with_the_saving_given_up_and_how_to_keep_more():
+    sentence = selection_sentence(MEDICAL)
+    assert sentence.startswith("Term selection kept 15 of the 300 new tokens offered (285 removed in 6 rounds)")
+    assert "1.9% shorter in tokens where all 300 would have made it 3.9% shorter" in sentence
+    assert "51% of the saving was given up" in sentence
+    # the curve still fell at the last step: more steps would have trained the rows further
+    assert "still falling at the last step (40): train longer (`--steps 80`) to keep more." in sentence
+    # the job page names options the way the API does, the card both ways
+    assert "(`training.steps: 80`)" in selection_sentence(MEDICAL, style="api")
+    assert "(`--steps 80` (API: `training.steps`))" in selection_sentence(MEDICAL, style="both")
+
+
+def test_no_advice_to_train_longer_where_validation_had_stopped_improving():
+    flat = copy.deepcopy(MEDICAL)
+    flat["selection"]["validation_curve"][-1]["bits_per_byte"] = 1.56  # worse than step 20
+    sentence = selection_sentence(flat)
+    assert "285 removed" in sentence and "train longer" not in sentence
+
+
+def test_a_job_stopped_by_its_time_budget_is_told_to_give_it_more_time():
+    timed = copy.deepcopy(MEDICAL)
+    timed["training"].update(steps=23, planned_steps=100, stopped="time_budget", max_train_seconds=600)
+    assert stopped_early_sentence(timed["training"]) == (
+        "Stopped early after 23 of 100 steps: its time budget of 600 s ran out (`--max-train-seconds 1200` gives it more).")
+    assert "train longer (`--max-train-seconds 1200`) to keep more" in selection_sentence(timed)
+    assert decision_sentences(timed)[0].startswith("Stopped early after 23 of 100 steps")
+
+
+def test_validation_that_stalled_is_said_and_a_full_run_says_nothing():
+    assert stopped_early_sentence({"steps": 30, "planned_steps": 100, "stopped": "validation_stalled",
+                                   "validation_patience": 2}) == (
+        "Stopped early after 30 of 100 steps: validation had not improved for 2 checks in a row.")
+    assert stopped_early_sentence(MEDICAL["training"]) is None
+    assert stopped_early_sentence({"steps": 0, "history": []}) is None  # an init-only job
+
+
+def test_every_token_kept_and_jobs_without_selection():
+    kept = copy.deepcopy(MEDICAL)
+    kept["selection"].update(kept=300, rounds=[_round(1, 300, 0.2600 * (1 - 0.039))], removed=[])
+    assert selection_sentence(kept) == "Term selection kept all 300 new tokens offered: the validation text is 3.9% shorter in tokens."
+    assert selection_sentence({"selection": {"mode": "none"}}) is None
+    assert decision_sentences(None) == [] and decision_sentences({}) == []
+
+
+def test_selections_recorded_before_tokens_per_byte_still_count_what_was_removed():
+    old = copy.deepcopy(MEDICAL)
+    for entry in old["selection"]["rounds"]:
+        del entry["tokens_per_byte"], entry["base_tokens_per_byte"]
+    sentence = selection_sentence(old)
+    assert sentence.startswith("Term selection kept 15 of the 300 new tokens offered (285 removed in 6 rounds).")
+    assert "shorter" not in sentence
+
+
+def test_a_terms_only_job_worse_than_the_base_on_its_held_out_contexts_says_so():
+    worse = {"comparison": {"held_out_contexts_bits_per_byte": {"before": 1.20, "after": 1.26, "delta": 0.06, "ratio": 1.05}}}
+    sentence = held_out_sentence(worse)
+    assert "the extended model is WORSE than the base model: 1.2600 bits per byte against the base model's 1.2000 (+5.00%)" in sentence
+    assert "`--corpus FILE`" in sentence and "corpus_file_id" in held_out_sentence(worse, style="api")
+    better = {"comparison": {"held_out_contexts_bits_per_byte": {"before": 1.20, "after": 1.14}}}
+    assert "at or below the base model: 1.1400 bits per byte against the base model's 1.2000 (-5.00%)" in held_out_sentence(better)
+    assert held_out_sentence({"comparison": {"domain_bits_per_byte": {"before": 1.2, "after": 1.3}}}) is None
