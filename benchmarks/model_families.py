@@ -132,9 +132,10 @@ def report(payload: dict) -> str:
     converted = [row for row in payload["rows"] if row["exit_code"] == 0 and row["gguf"]["converted"]]
     base_converted = [row for row in payload["rows"] if row["exit_code"] == 0 and row["base_gguf"]["converted"]]
     lost = [row["case"] for row in base_converted if not row["gguf"]["converted"]]
+    refused = [row["family"] for row in payload["rows"] if row["exit_code"] == 0 and not row["gguf"]["converted"]]
     lines += [f"llama.cpp converts {len(converted)} of {len(payload['rows'])} extended folders and "
-              f"{len(base_converted)} of their bases; extended folders refused where their base converts: "
-              f"{', '.join(lost) if lost else 'none'}."]
+              f"{len(base_converted)} of their bases; it refuses {len(refused)} ({', '.join(refused) or 'none'}); "
+              f"extended folders refused where their base converts: {', '.join(lost) if lost else 'none'}."]
     lines += ["", "Where GGUF conversion was refused, llama.cpp's message:"]
     lines += [f"- {row['family']}: {row['gguf']['error']}" for row in payload["rows"]
               if row["exit_code"] == 0 and not row["gguf"]["converted"]]
