@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -115,7 +114,7 @@ def bf16_copy(cache: Path) -> Path:
     from filelock import FileLock
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from extension.models import ModelSources, resolve_model
+    from extension.models import ModelSources, resolve_model, save_pretrained_atomically
 
     target = cache / BF16_COPY
     if (target / "config.json").exists():
@@ -127,13 +126,7 @@ def bf16_copy(cache: Path) -> Path:
         path = resolve_model("smollm2-135m", ModelSources(cache_dir=cache)).path
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
         tokenizer = AutoTokenizer.from_pretrained(path)
-        staging = Path(tempfile.mkdtemp(prefix=f".{BF16_COPY}.", dir=target.parent))
-        try:
-            model.save_pretrained(staging)
-            tokenizer.save_pretrained(staging)
-            os.replace(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        save_pretrained_atomically(target, model, tokenizer)
     return target
 
 

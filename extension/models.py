@@ -118,13 +118,7 @@ def _convert_builtin(model: BuiltinModel, cache_dir: Path) -> Path:
         lm.hf_quantizer = None
         if hasattr(lm.config, "quantization_config"):
             del lm.config.quantization_config
-        staging = Path(tempfile.mkdtemp(prefix=f".{model.name}.", dir=target.parent))
-        try:
-            lm.save_pretrained(staging)
-            tokenizer.save_pretrained(staging)
-            os.replace(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        save_pretrained_atomically(target, lm, tokenizer)
     return target
 
 
@@ -150,13 +144,20 @@ def builtin_tokenizer_dir(name: str, cache_dir: Path, *, build: bool = True) -> 
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        staging = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
-        try:
-            tokenizer.save_pretrained(staging)
-            os.replace(staging, target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        save_pretrained_atomically(target, tokenizer)
     return target
+
+
+def save_pretrained_atomically(target: Path, *parts) -> None:
+    """`save_pretrained` of each part into a staging folder beside `target`, then one rename: a
+    crash or a second process never sees a half-written folder."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        for part in parts:
+            part.save_pretrained(staging)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _check_safe_name(name: str) -> None:

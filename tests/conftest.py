@@ -126,6 +126,18 @@ def tiny_model_dir() -> Path:
     return cached
 
 
+@pytest.fixture()
+def cli_cache(tmp_path, monkeypatch):
+    """A fresh settings cache folder per test (the base scores cache lives there)."""
+    from app.settings import get_settings
+
+    monkeypatch.setenv("TIDE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("TIDE_CACHE_DIR", str(tmp_path / "cache"))
+    get_settings.cache_clear()
+    yield tmp_path / "cache"
+    get_settings.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def smollm2_untied_path(smollm2_path) -> Path:
     """SmolLM2 made untied: lm_head cloned from the embedding, tie_word_embeddings false (same

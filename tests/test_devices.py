@@ -31,18 +31,6 @@ SPLIT = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0
 ON_A_MACHINE_WITHOUT_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 
 
-@pytest.fixture()
-def cli_cache(tmp_path, monkeypatch):
-    """A fresh settings cache folder per test (the base scores cache lives there)."""
-    from app.settings import get_settings
-
-    monkeypatch.setenv("TIDE_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("TIDE_CACHE_DIR", str(tmp_path / "cache"))
-    get_settings.cache_clear()
-    yield tmp_path / "cache"
-    get_settings.cache_clear()
-
-
 def _extend(tmp_path, model_dir, out: str, *extra: str, terms=TERMS, corpus: Path | None = None) -> int:
     argv = ["extend", "--base-model", str(model_dir), "--out", str(tmp_path / out), "--steps", "2", "--batch-size", "2",
             "--seq-len", "32", "--eval-bytes", "1000", "--warmup-steps", "0", *extra]

@@ -8,25 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from app.cli import main
 from extension.decisions import decision_sentences
 from tests.service.conftest import foldoc_documents
 
 SMALL = ["--batch-size", "2", "--seq-len", "32", "--eval-bytes", "1000", "--warmup-steps", "0", "--checkpoint-every", "0"]
-
-
-@pytest.fixture()
-def cli_cache(tmp_path, monkeypatch):
-    """A fresh settings cache folder per test (the base scores cache lives there)."""
-    from app.settings import get_settings
-
-    monkeypatch.setenv("TIDE_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("TIDE_CACHE_DIR", str(tmp_path / "cache"))
-    get_settings.cache_clear()
-    yield tmp_path / "cache"
-    get_settings.cache_clear()
 
 
 def _extend(capsys, model_dir: Path, out: Path, *args: str) -> tuple[str, dict, str]:
