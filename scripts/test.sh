@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Install everything (scripts/setup.sh), make sure Redis answers, run the whole test suite.
-# pytest-xdist runs the files on a worker per core (CI: 2), each file on one worker so its fixtures
-# are built once (tests/conftest.py names the files it splits); each worker's torch gets one
-# thread, so the workers do not fight over the cores. Arguments go to pytest
-# (`bash scripts/test.sh tests/test_train.py -n 0` runs one file in this process).
+# pytest-xdist runs a worker per core (CI: 2; one more than that was slower and made the browser
+# tests flaky), each test file on one worker so its fixtures are built once (tests/conftest.py
+# names the files it splits); each worker's torch gets one thread, so the workers do not fight
+# over the cores. Arguments go to pytest: `bash scripts/test.sh tests/test_train.py -n 0` runs
+# one file in this process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
