@@ -10,20 +10,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("TIDE_TEST_CACHE", REPO / ".cache"))
-# The model-family matrix is the one file long enough to hold up a parallel run on its own.
-SPLIT_ACROSS_WORKERS = {"tests/test_model_families.py": 2}
-
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist's `--dist loadgroup` (scripts/test.sh): a file's tests stay on one worker,
-    so module and session fixtures are built once per worker, except the files named above, whose
-    tests are dealt out over that many groups."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for index, item in enumerate(items):
-        path = item.nodeid.split("::")[0]
-        parts = SPLIT_ACROSS_WORKERS.get(path)
-        item.add_marker(pytest.mark.xdist_group(f"{path}#{index % parts}" if parts else path))
 
 
 @pytest.fixture(scope="session")
