@@ -4,6 +4,11 @@ Two ways to start a new row from the base rows of the token's ORIGINAL pieces (o
   composition   (the default) composed from its pieces the way the base vocabulary composes its
                 own merges (extension/composition.py): a regression fitted on the base merges
   subword_mean  the mean of the pieces' rows
+  subword_mean_norm  that mean rescaled to the mean norm of its pieces' rows (averaging vectors that
+                point different ways shortens them; NVIDIA's Nemotron tokenizer-extension recipe
+                corrects the norm so the new row reads with the weight of a real one)
+'distill' (extension/input_distillation.py) starts from the composition and distils the input
+rows before training.
 Input rows come from the input matrix and, for untied models, output rows from the lm_head,
 separately (the head's bias, when it has one, is always the mean). Models that scale embeddings
 inside their forward (Gemma multiplies by sqrt(hidden)) store unscaled rows, so both work on
@@ -71,14 +76,26 @@ def subword_mean_rows(model, new_tokens: Sequence, base_vocab_size: int) -> NewR
     return rows
 
 
-INIT_METHODS = ("composition", "subword_mean")
+INIT_METHODS = ("composition", "subword_mean", "subword_mean_norm")
 
 
 def init_method(asked: str, steps: int) -> str:
-    """The method option `init` names: 'auto' is composition for trained rows, else the mean."""
+    """The method option `init` names for the rows' start: 'auto' is composition for trained
+    rows, else the mean; 'distill' starts from the composition (its distillation runs later)."""
     if asked == "auto":
         return "composition" if steps > 0 else "subword_mean"
+    if asked == "distill":
+        return "composition"
     return asked
+
+
+def norm_corrected(means: torch.Tensor, matrix: torch.Tensor, new_tokens: Sequence, base_vocab_size: int) -> torch.Tensor:
+    """`means` (one row per new token) rescaled to the mean norm of each token's pieces' rows."""
+    index, owner = _piece_index(new_tokens, base_vocab_size)
+    norms = matrix.detach()[index.to(matrix.device)].float().norm(dim=1).cpu()
+    target = torch.zeros(len(new_tokens)).index_add_(0, owner, norms)
+    target /= torch.bincount(owner, minlength=len(new_tokens)).clamp(min=1).float()
+    return means * (target / means.norm(dim=1).clamp(min=1e-12)).unsqueeze(1)
 
 
 class RowInitializer:
@@ -110,6 +127,12 @@ class RowInitializer:
 
     def __call__(self, model, extended) -> NewRows:
         rows = subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
+        if self.method == "subword_mean_norm":
+            rows.input = norm_corrected(rows.input, model.get_input_embeddings().weight, extended.new_tokens,
+                                        extended.base_vocab_size)
+            if rows.output is not None:
+                rows.output = norm_corrected(rows.output, model.get_output_embeddings().weight, extended.new_tokens,
+                                             extended.base_vocab_size)
         if self.method == "composition":
             from .composition import composed_rows
 

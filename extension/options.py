@@ -134,9 +134,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("init", str, "auto",
            "how a new row starts from its original pieces' rows: 'composition' composes them the way the base "
            "vocabulary's own merges compose (a regression fitted on them; tokenizers without merges fall back to the "
-           "mean), 'subword_mean' takes their mean; 'auto': composition when the rows are trained (steps > 0: it starts "
-           "training closer to where it ends), the mean for an init-only job (untrained, composed rows take more "
-           "probability where they are not the answer)", choices=("auto", "composition", "subword_mean")),
+           "mean), 'subword_mean' takes their mean, 'subword_mean_norm' rescales that mean to its pieces' mean norm; "
+           "'distill' starts from the composition and, before training, distils the input rows so the model reads "
+           "the text after each new token as it reads it after the original pieces (AweDist; trained jobs only); "
+           "'auto': composition when the rows are trained (steps > 0: it starts training closer to where it ends), "
+           "the mean for an init-only job (untrained, composed rows take more probability where they are not the "
+           "answer)", choices=("auto", "composition", "subword_mean", "subword_mean_norm", "distill")),
     # training of the new rows
     # 400 on a GPU, where they are cheap (benchmarks/results/quality_<domain>.md at 100 steps,
     # quality_<domain>_400steps.md at 400, SmolLM2, five domains): at 400 every domain keeps all

@@ -294,12 +294,15 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
         stages.enter("train")
         objective = build_training_data(spec, model, extended, callbacks) if spec.steps > 0 else None
     validation, selection = _validation_text(spec, model, tokenizer, objective, callbacks)
+    init_report = initial_rows.report()
+    if objective is not None and spec.init == "distill":
+        rows, init_report["distillation"] = _distill_inputs(spec, model, extended, rows, objective, callbacks)
     if objective is not None:
         trained = _train(spec, model, extended, rows, objective, callbacks, validation=validation)
         rows = trained.rows
         selection.update(_step_report(trained, validation))
     vocabulary = NewVocabulary(extended=extended, rows=rows, trained=trained, mined=mined, selection=selection,
-                               optimizer_state=trained.optimizer_state if trained else None, init=initial_rows.report())
+                               optimizer_state=trained.optimizer_state if trained else None, init=init_report)
     if validation is not None:
         _choose_terms(spec, model, tokenizer, vocabulary, validation, callbacks, initial_rows)
     callbacks.on_event("selection", {k: v for k, v in selection.items() if k not in ("effects", "validation_curve")})
@@ -437,6 +440,26 @@ def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callba
         return train_rows(model, adapter, objective, config, callbacks, identity=identity, validate=validate)
     finally:
         adapter.detach()
+
+
+def _distill_inputs(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callbacks):
+    """(rows with the input side distilled on the job's own contexts, the report): init 'distill'."""
+    from .input_distillation import contexts_of, distill_input_rows
+    from .rows import attach
+
+    contexts = contexts_of(objective, extended.base_vocab_size, seed=spec.seed)
+    pad = extended.tokenizer.pad_token_id if extended.tokenizer.pad_token_id is not None else (extended.tokenizer.eos_token_id or 0)
+    adapter = attach(model, extended.base_vocab_size, rows, pad_to_multiple_of=spec.pad_to_multiple_of)
+    try:
+        report = distill_input_rows(
+            adapter, contexts, {t.id: t.base_ids for t in extended.new_tokens}, lr=spec.lr * spec.embedding_lr_multiplier,
+            pad=pad, seed=spec.seed, should_cancel=callbacks.should_cancel,
+            on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "distillation steps"}))
+        distilled = adapter.rows()
+    finally:
+        adapter.detach()
+    callbacks.on_event("input_distillation", report.to_json())
+    return distilled, report.to_json()
 
 
 def _publishable(model, plan: JobPlan, sources: ModelSources, rows, base_vocab_size: int):

@@ -133,3 +133,20 @@ def test_padding_rows_stay_below_one_over_vocab_for_any_hidden_state():
             assert probabilities[:, padding].max() <= bound, scale
             # not vacuous: a state aligned with a real row lifts that row past the same bound
             assert probabilities[: len(real), : padding[0]].max(dim=1).values.min() > bound
+
+
+def test_norm_corrected_mean_points_like_the_mean_with_its_pieces_mean_norm():
+    from extension.init import norm_corrected
+
+    model = tiny_llama(BASE, tied=False)
+    tokens = new_tokens()
+    means = subword_mean_rows(model, tokens, BASE)
+    for matrix, rows in ((model.get_input_embeddings().weight, means.input), (model.get_output_embeddings().weight, means.output)):
+        corrected = norm_corrected(rows, matrix, tokens, BASE)
+        for i, ids in enumerate(PIECES):
+            want = matrix[ids].detach().norm(dim=1).mean()
+            assert math.isclose(float(corrected[i].norm()), float(want), rel_tol=1e-5)
+            assert float(torch.nn.functional.cosine_similarity(corrected[i], rows[i], dim=0)) > 0.9999
+        # averaging pieces that point different ways shortens the row: the correction lengthens it
+        assert float(corrected[1].norm()) > float(rows[1].norm())
+        assert torch.allclose(corrected[2], rows[2])  # one piece: already its own norm

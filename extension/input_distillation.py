@@ -1,0 +1,157 @@
+"""Distil the new tokens' INPUT rows before training (option `init` 'distill').
+
+AweDist (Dobler, Elliott, de Melo, arXiv 2505.20133): a new token's input row should make the
+model read the text after it as it reads the text after the token's ORIGINAL pieces. For short
+contexts around each new token, the teacher is the frozen base model reading the pieces, the
+student the same model reading the new token; the input rows are trained so that the student's
+final hidden states (the head's input) at the new token and every position after it match the
+teacher's at the aligned positions (the last piece of each token). Only the input rows move: the
+loss never touches the head, so an untied model's output rows keep their init, and a tied row is
+moved only through the path that reads it; the training that follows (next-token loss) then
+trains both sides as usual.
+
+The team's own decomposition (benchmarks/results/init_methods.md) puts most of the remaining loss
+on the old token read right after a new one: the input side of the new row, which this targets.
+The contexts are cheap to get: a corpus job's training windows around each occurrence of a new
+id, a terms-only job's generated contexts. No vocabulary-sized matmul is needed, so a step costs
+a forward pass of the teacher and a forward and backward pass of the student over short contexts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from .rows import RowsAdapter
+
+CONTEXTS_PER_TOKEN = 8  # AweDist uses up to 100 on a GPU; a CPU job spends about a minute on 8
+TOKENS_BEFORE = 8  # context read before the new token (the teacher's state when it arrives)
+TOKENS_AFTER = 16  # positions after it whose hidden states are matched
+BATCH_CONTEXTS = 32
+EPOCHS = 1
+
+
+@dataclass
+class DistillationReport:
+    contexts: int
+    steps: int
+    seconds: float
+    loss_first: float | None
+    loss_last: float | None
+
+    def to_json(self) -> dict:
+        return {"contexts": self.contexts, "steps": self.steps, "seconds": round(self.seconds, 2),
+                "loss_first": self.loss_first, "loss_last": self.loss_last,
+                "method": "AweDist-style hidden-state distillation of the input rows (arXiv 2505.20133)"}
+
+
+def window_contexts(tokens: torch.Tensor, base_vocab_size: int, *, per_token: int = CONTEXTS_PER_TOKEN,
+                    before: int = TOKENS_BEFORE, after: int = TOKENS_AFTER, seed: int = 0) -> list[list[int]]:
+    """Up to `per_token` slices of a token stream around occurrences of each new id (chosen at
+    random among its occurrences), each from `before` tokens before it to `after` after it."""
+    positions = torch.nonzero(tokens >= base_vocab_size).flatten()
+    if not len(positions):
+        return []
+    generator = torch.Generator().manual_seed(seed)
+    order = positions[torch.randperm(len(positions), generator=generator)]
+    taken: dict[int, int] = {}
+    contexts = []
+    for position in order.tolist():
+        token = int(tokens[position])
+        if taken.get(token, 0) >= per_token:
+            continue
+        taken[token] = taken.get(token, 0) + 1
+        start, end = max(0, position - before), min(tokens.numel(), position + after + 1)
+        contexts.append(tokens[start:end].tolist())
+    return contexts
+
+
+def contexts_of(objective, base_vocab_size: int, *, seed: int = 0) -> list[list[int]]:
+    """Student ids around the new tokens from a job's training data: corpus windows
+    (train.TokenWindows) or generated term contexts (distill.TermContextObjective)."""
+    if hasattr(objective, "tokens"):
+        return window_contexts(objective.tokens, base_vocab_size, seed=seed)
+    contexts = []
+    for context in getattr(objective, "contexts", []):
+        ids = context.student
+        first = next((j for j, token in enumerate(ids) if token >= base_vocab_size), None)
+        if first is not None:
+            contexts.append(ids[max(0, first - TOKENS_BEFORE): first + TOKENS_AFTER + 1])
+    return contexts
+
+
+def _teacher_ids(student: list[int], base_vocab_size: int, pieces: dict[int, list[int]]) -> tuple[list[int], list[int]]:
+    """(the same text in base ids, per student position the teacher position of its last piece)."""
+    teacher, last = [], []
+    for token in student:
+        teacher.extend(pieces[token] if token >= base_vocab_size else [token])
+        last.append(len(teacher) - 1)
+    return teacher, last
+
+
+def _batch_loss(adapter: RowsAdapter, batch: list[list[int]], pieces: dict[int, list[int]], pad: int) -> torch.Tensor:
+    """Mean squared distance between student and teacher final hidden states, per matched
+    position, over the positions from each context's first new token on."""
+    device = adapter.input_rows.device
+    base = adapter.base_vocab_size
+    taught = [_teacher_ids(ids, base, pieces) for ids in batch]
+
+    def padded(rows: list[list[int]]) -> torch.Tensor:
+        width = max(len(r) for r in rows)
+        return torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=device)
+
+    student = padded(batch)  # right padding: causal attention never reads the pads
+    with torch.no_grad():
+        teacher_hidden = adapter.hidden(padded([t for t, _ in taught])).float()
+    student_hidden = adapter.hidden(student).float()
+    rows, student_at, teacher_at = [], [], []
+    for b, (ids, (_, last)) in enumerate(zip(batch, taught)):
+        first = next(j for j, token in enumerate(ids) if token >= base)
+        for j in range(first, len(ids)):
+            rows.append(b)
+            student_at.append(j)
+            teacher_at.append(last[j])
+    rows_t = torch.tensor(rows, device=student_hidden.device)
+    got = student_hidden[rows_t, torch.tensor(student_at, device=student_hidden.device)]
+    want = teacher_hidden[rows_t, torch.tensor(teacher_at, device=teacher_hidden.device)]
+    return (got - want).square().sum(-1).mean()
+
+
+def distill_input_rows(adapter: RowsAdapter, contexts: list[list[int]], pieces: dict[int, list[int]], *, lr: float,
+                       pad: int, seed: int = 0, batch_contexts: int = BATCH_CONTEXTS, epochs: int = EPOCHS,
+                       should_cancel=None, on_progress=None) -> DistillationReport:
+    """Train the attached adapter's input rows in place (Adam, `lr`, constant) on `contexts`
+    (student ids, each holding at least one new id); every other parameter stays frozen.
+    `pieces`: new id -> its original base ids."""
+    started = time.perf_counter()
+    contexts = [c for c in contexts if any(token >= adapter.base_vocab_size for token in c)]
+    if not contexts:
+        return DistillationReport(0, 0, time.perf_counter() - started, None, None)
+    optimizer = torch.optim.Adam([adapter.input_rows], lr=lr)
+    frozen = [p for p in adapter.parameters() if p is not adapter.input_rows and p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    generator = torch.Generator().manual_seed(seed)
+    losses: list[float] = []
+    total = epochs * -(-len(contexts) // batch_contexts)
+    try:
+        for _ in range(epochs):
+            order = torch.randperm(len(contexts), generator=generator).tolist()
+            for start in range(0, len(order), batch_contexts):
+                if should_cancel is not None and should_cancel():
+                    from .errors import JobCancelled
+
+                    raise JobCancelled("cancelled while distilling the new input rows")
+                loss = _batch_loss(adapter, [contexts[i] for i in order[start:start + batch_contexts]], pieces, pad)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                losses.append(float(loss.detach()))
+                if on_progress is not None:
+                    on_progress(len(losses), total)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+    return DistillationReport(len(contexts), len(losses), time.perf_counter() - started, losses[0], losses[-1])

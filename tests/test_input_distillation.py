@@ -1,0 +1,93 @@
+"""Init 'distill' (extension/input_distillation.py): the new INPUT rows are trained so the model
+reads the text after a new token as it reads it after the token's original pieces; nothing else
+moves. Tiny random models for the mechanism, `tide extend --init distill` for the door."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from app.cli import main
+from extension.init import NewRows, subword_mean_rows
+from extension.input_distillation import _batch_loss, distill_input_rows, window_contexts
+from extension.rows import attach
+from extension.tokenizer import NewToken
+from tests.conftest import tiny_llama
+from tests.service.conftest import foldoc_documents
+
+BASE = 256
+PIECES = {BASE: [5, 9], BASE + 1: [17, 3, 40], BASE + 2: [100, 101]}
+
+
+def _stream(seed: int = 0, length: int = 4000) -> torch.Tensor:
+    """Random base ids with the new ids sprinkled in."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, BASE, (length,), generator=g)
+    at = torch.randperm(length, generator=g)[:300]
+    tokens[at] = BASE + torch.arange(300) % len(PIECES)
+    return tokens
+
+
+def _adapter(tied: bool):
+    model = tiny_llama(BASE, tied=tied)
+    tokens = [NewToken(id=i, token=f"t{i}", text=f"t{i}", base_ids=ids, kind="form", term=f"t{i}") for i, ids in PIECES.items()]
+    rows = subword_mean_rows(model, tokens, BASE)
+    frozen = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return model, frozen, attach(model, BASE, rows, pad_to_multiple_of=1)
+
+
+def test_window_contexts_take_up_to_n_per_new_token_around_it():
+    tokens = _stream()
+    contexts = window_contexts(tokens, BASE, per_token=5, before=4, after=6)
+    assert len(contexts) == 15 and all(sum(1 for c in contexts if i in c) >= 5 for i in PIECES)
+    assert all(len(c) <= 11 and any(t >= BASE for t in c) for c in contexts)
+
+
+def test_distillation_moves_only_the_input_rows_and_brings_the_student_closer_to_the_teacher():
+    for tied in (True, False):
+        model, frozen, adapter = _adapter(tied)
+        output_before = None if tied else adapter.output_rows.detach().clone()
+        contexts = window_contexts(_stream(), BASE, per_token=16)
+        with torch.no_grad():
+            before = float(_batch_loss(adapter, contexts, PIECES, pad=0))
+        report = distill_input_rows(adapter, contexts, PIECES, lr=1e-2, pad=0, epochs=4)
+        with torch.no_grad():
+            after = float(_batch_loss(adapter, contexts, PIECES, pad=0))
+        assert report.contexts == len(contexts) == 48 and report.steps == 8
+        assert after < 0.8 * before, (tied, before, after)
+        if not tied:
+            assert torch.equal(adapter.output_rows, output_before)
+        adapter.detach()
+        for name, p in model.named_parameters():
+            assert torch.equal(p, frozen[name]), name
+            assert p.requires_grad  # the model's own flags are back
+
+
+def test_no_contexts_leaves_the_rows_as_they_were():
+    _, _, adapter = _adapter(True)
+    start = adapter.input_rows.detach().clone()
+    report = distill_input_rows(adapter, [[1, 2, 3]], PIECES, lr=1e-2, pad=0)
+    assert report.steps == 0 and torch.equal(adapter.input_rows, start)
+
+
+def test_tide_extend_init_distill_distils_then_trains(tmp_path, tiny_model_dir, cli_cache, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(foldoc_documents(300, skip=50)))
+    out = tmp_path / "out"
+    assert main(["extend", "--base-model", str(tiny_model_dir), "--out", str(out), "--corpus", str(corpus),
+                 "--max-new-tokens", "12", "--steps", "2", "--batch-size", "2", "--seq-len", "32", "--eval-bytes", "1000",
+                 "--keep-all-terms", "--init", "distill"]) == 0
+    init = json.loads((out / "tide_extension.json").read_text())["init"]
+    assert init["method"] == "composition" or init.get("fallback_reason")
+    distilled = init["distillation"]
+    assert distilled["contexts"] > 0 and distilled["steps"] > 0 and distilled["loss_last"] is not None
+
+
+def test_tide_extend_init_subword_mean_norm(tmp_path, tiny_model_dir, cli_cache):
+    terms = tmp_path / "terms.txt"
+    terms.write_text("compiler\nmultiprogramming\n")
+    out = tmp_path / "out"
+    assert main(["extend", "--base-model", str(tiny_model_dir), "--out", str(out), "--terms", str(terms), "--steps", "0",
+                 "--init", "subword_mean_norm", "--eval-bytes", "1000"]) == 0
+    assert json.loads((out / "tide_extension.json").read_text())["init"]["method"] == "subword_mean_norm"
