@@ -79,14 +79,18 @@ def subword_mean_rows(model, new_tokens: Sequence, base_vocab_size: int) -> NewR
 INIT_METHODS = ("composition", "subword_mean", "subword_mean_norm")
 
 
-def init_method(asked: str, steps: int) -> str:
-    """The method option `init` names for the rows' start: 'auto' is composition for trained
-    rows, else the mean; 'distill' starts from the composition (its distillation runs later)."""
+def init_method(asked: str, steps: int, *, corpus: bool) -> str:
+    """The method option `init` names: 'auto' is 'distill' for a trained corpus job (measured on
+    Spanish and FOLDOC, docs/measured.md), composition for a trained terms-only job, the mean for
+    an init-only job."""
     if asked == "auto":
-        return "composition" if steps > 0 else "subword_mean"
-    if asked == "distill":
-        return "composition"
+        return ("distill" if corpus else "composition") if steps > 0 else "subword_mean"
     return asked
+
+
+def row_method(method: str) -> str:
+    """Where `method`'s rows start: 'distill' distils the composed rows (later, on the job's data)."""
+    return "composition" if method == "distill" else method
 
 
 def norm_corrected(means: torch.Tensor, matrix: torch.Tensor, new_tokens: Sequence, base_vocab_size: int) -> torch.Tensor:

@@ -130,16 +130,20 @@ OPTIONS: tuple[Option, ...] = (
     # tokenizer and rows
     Option("max_term_chars", int, 64, "longest accepted term, in characters (on the service: the TIDE_MAX_TERM_CHARS setting)", 1, 1024, api_group=None),
     Option("pad_to_multiple_of", int, 64, "pad the vocabulary up to a multiple of this (1: no padding)", 1, 4096, api_group="root"),
-    # initial rows (extension/init.py, extension/composition.py); measured in benchmarks/init_methods.py
+    # initial rows (extension/init.py, extension/composition.py, extension/input_distillation.py);
+    # measured in benchmarks/init_methods.py and, for 'distill' and 'subword_mean_norm' against the
+    # composition, benchmarks/results/quality_{es,foldoc}_init_peers.md (chosen on those two only):
+    # distill -6.03% / -1.93% against the base with every mined token kept, composition -4.79% /
+    # -1.86% keeping 300 / 22 of them.
     Option("init", str, "auto",
            "how a new row starts from its original pieces' rows: 'composition' composes them the way the base "
            "vocabulary's own merges compose (a regression fitted on them; tokenizers without merges fall back to the "
            "mean), 'subword_mean' takes their mean, 'subword_mean_norm' rescales that mean to its pieces' mean norm; "
            "'distill' starts from the composition and, before training, distils the input rows so the model reads "
            "the text after each new token as it reads it after the original pieces (AweDist; trained jobs only); "
-           "'auto': composition when the rows are trained (steps > 0: it starts training closer to where it ends), "
-           "the mean for an init-only job (untrained, composed rows take more probability where they are not the "
-           "answer)", choices=("auto", "composition", "subword_mean", "subword_mean_norm", "distill")),
+           "'auto': distill for a trained corpus job, composition for a trained terms-only job (it starts training "
+           "closer to where it ends), the mean for an init-only job (untrained, composed rows take more probability "
+           "where they are not the answer)", choices=("auto", "composition", "subword_mean", "subword_mean_norm", "distill")),
     # training of the new rows
     # 400 on a GPU, where they are cheap (benchmarks/results/quality_<domain>.md at 100 steps,
     # quality_<domain>_400steps.md at 400, SmolLM2, five domains): at 400 every domain keeps all

@@ -251,7 +251,7 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
     what to publish on the validation text (the best step; for corpus jobs, the terms that pay).
     Shared by `run` and by extending a live Trainer run (extension.live). The rows are trained on
     `model` itself, where it is (never a copy of it)."""
-    from .init import RowInitializer, init_method
+    from .init import RowInitializer, init_method, row_method
     from .objectives import build_training_data
     from .tokenizer import nothing_to_add_error
 
@@ -278,7 +278,8 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
     callbacks.on_event("extension", {"counts": report["counts"], "skipped": report["skipped"][:100]})
 
     stages.enter("init")
-    initial_rows = RowInitializer(model, tokenizer, init_method(spec.init, spec.steps))
+    method = init_method(spec.init, spec.steps, corpus=spec.corpus_path is not None)
+    initial_rows = RowInitializer(model, tokenizer, row_method(method))
     if initial_rows.fallback_reason:
         callbacks.on_warning(f"init: {initial_rows.fallback_reason}")
     rows = initial_rows(model, extended)
@@ -295,7 +296,7 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
         objective = build_training_data(spec, model, extended, callbacks) if spec.steps > 0 else None
     validation, selection = _validation_text(spec, model, tokenizer, objective, callbacks)
     init_report = initial_rows.report()
-    if objective is not None and spec.init == "distill":
+    if objective is not None and method == "distill":
         rows, init_report["distillation"] = _distill_inputs(spec, model, extended, rows, objective, callbacks)
     if objective is not None:
         trained = _train(spec, model, extended, rows, objective, callbacks, validation=validation)

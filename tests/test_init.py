@@ -150,3 +150,12 @@ def test_norm_corrected_mean_points_like_the_mean_with_its_pieces_mean_norm():
         # averaging pieces that point different ways shortens the row: the correction lengthens it
         assert float(corrected[1].norm()) > float(rows[1].norm())
         assert torch.allclose(corrected[2], rows[2])  # one piece: already its own norm
+
+
+def test_auto_distils_trained_corpus_jobs_only():
+    from extension.init import init_method, row_method
+
+    assert init_method("auto", 100, corpus=True) == "distill" and row_method("distill") == "composition"
+    assert init_method("auto", 100, corpus=False) == "composition"
+    assert init_method("auto", 0, corpus=True) == "subword_mean"
+    assert init_method("subword_mean_norm", 100, corpus=True) == "subword_mean_norm"
