@@ -238,6 +238,32 @@ def run_terms_only(spec, terms: list[str], test_docs: list[str], eval_bytes: int
             "seconds": round(seconds, 1), "stage_seconds": outcome["stage_seconds"], "held_out_contexts": comparison}
 
 
+def offered_tokens_per_byte(domain: str, eval_bytes: int, mining_unit: str, cache: Path) -> float:
+    """Tokens per byte of the scored test text under the FULL mined tokenizer (every offered
+    token), counted as extension.evaluate counts them: for runs with no system that keeps them all."""
+    from transformers import AutoTokenizer
+
+    from extension.corpus import split_of
+    from extension.evaluate import DEFAULT_CHUNK_BYTES, chunk_documents
+    from extension.mining import mine_terms
+    from extension.models import ModelSources, resolve_model
+
+    docs = documents(domain)
+    work = Path(tempfile.mkdtemp(prefix="tide_offered_"))
+    try:
+        corpus = work / f"{domain}.jsonl"
+        corpus.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m", ModelSources(cache_dir=cache)).path)
+        mined = mine_terms(tokenizer, corpus, max_new_tokens=DEFAULTS["max_new_tokens"],
+                           min_frequency=DEFAULTS["min_frequency"], mining_unit=mining_unit)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    chunks = [c for doc in chunk_documents([d for d in docs if split_of(d) == "test"], DEFAULT_CHUNK_BYTES, eval_bytes)
+              for c in doc]
+    tokens = sum(len(ids) for ids in mined.extended.tokenizer(chunks, add_special_tokens=False)["input_ids"])
+    return tokens / sum(len(c.encode("utf-8")) for c in chunks)
+
+
 def evaluate_base(test_docs: list[str], eval_bytes: int, base_model: str) -> dict:
     """The base scored here (when the product published nothing): the same checkpoint, loaded as
     the pipeline loads it on a CPU (in its stored dtype)."""
@@ -351,7 +377,14 @@ def main() -> None:
                         help="only write --out from runs of one domain's systems in separate processes at the same time")
     args = parser.parse_args()
     if args.report:
-        args.report.with_suffix(".md").write_text(report(json.loads(args.report.read_text())))
+        result = json.loads(args.report.read_text())
+        if result["offered_tokens_per_byte"] is None and _offered_by_ours(result["rows"]) is None:
+            # an ours-only run: count what the full mined tokenizer offers on the same test text
+            cache = Path(os.environ.get("TIDE_TEST_CACHE") or REPO / ".cache")
+            result["offered_tokens_per_byte"] = offered_tokens_per_byte(
+                result["domain"], result["eval_bytes"], result.get("mining_unit", DEFAULTS["mining_unit"]), cache)
+            args.report.write_text(json.dumps(result, indent=1, ensure_ascii=False))
+        args.report.with_suffix(".md").write_text(report(result))
         return
     if args.combine:
         save(args.out, combine([json.loads(p.read_text()) for p in args.combine]))
@@ -430,7 +463,10 @@ def main() -> None:
                 log(f"trainable_tokens crashed: {exc!r}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    save(out, _result(args, command, data, base, rows, started))
+    result = _result(args, command, data, base, rows, started)
+    if result["offered_tokens_per_byte"] is None and _offered_by_ours(rows) is None:
+        result["offered_tokens_per_byte"] = offered_tokens_per_byte(args.domain, args.eval_bytes, args.mining_unit, cache)
+    save(out, result)
     log(f"wrote {out}")
 
 
