@@ -305,7 +305,12 @@ def test_batches_are_sized_for_the_device(monkeypatch):
     assert devices.eval_batch_tokens_for(gpu, config, torch.bfloat16) == low
     model = torch.nn.Module()
     model.get_input_embeddings = lambda: torch.nn.Embedding(4, 2)
-    assert devices.generation_batch_size(model) == devices.CPU_GENERATION_BATCH == 16
+    assert devices.generation_batch_size(model) == devices.CPU_GENERATION_BATCH == 64  # no config: the default
+    model.config = config  # 135M-sized: 13 MB of cache per 96-token sequence in fp32
+    assert devices.generation_batch_size(model) == 64
+    model.config = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                               num_key_value_heads=8)  # Llama 3 8B on a CPU: 25 MB per sequence in fp32
+    assert devices.generation_batch_size(model) == 2**30 // (2 * 32 * 1024 * 96 * 4) == 42
 
 
 def test_checking_the_device_settings_does_not_import_torch():
