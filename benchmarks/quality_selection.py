@@ -30,7 +30,7 @@ Systems (one process, one after the other, torch seed 0 before each):
                     norm-corrected mean; distill, AweDist's input distillation before training; issue 26)
   ours_bf16         ours on the bf16 copy of the built-in model (see --dtype), in the same run as the fp32
                     rows: its own "before" is the bf16 base's; judged against it and against ours (issue 23)
-  terms_only        the product's terms-only job (the API's main door): the terms mining finds on the train
+  terms_only[:INIT] the product's terms-only job (the API's main door): the terms mining finds on the train
                     split (whole entries of kind "term", stripped) given as a term list, NO corpus; the job
                     writes its own contexts and trains on them; the published folder is then scored here on
                     the domain's test split. Notes carry the job's own held-out-contexts verdict and its
@@ -393,7 +393,7 @@ def main() -> None:
         parser.error("--domain is required")
     systems = args.systems.split(",")
     for name in systems:
-        if name.startswith("ours_init:"):
+        if name.startswith(("ours_init:", "terms_only:")):
             if name.split(":", 1)[1] not in BY_NAME["init"].choices:
                 parser.error(f"{name!r}: init must be one of {', '.join(BY_NAME['init'].choices)}")
         elif name not in SYSTEMS:
@@ -442,12 +442,13 @@ def main() -> None:
             if base is None and outcome is not None and name != "ours_bf16":  # the base row is the fp32 model's
                 base = outcome["metrics"]["before"]
             log(f"{name} done in {seconds:.0f}s" + (f": {failure['error'][:200]}" if failure else ""))
-        if "terms_only" in systems:
+        for name in [n for n in systems if n == "terms_only" or n.startswith("terms_only:")]:
             terms = mined_term_list(spec, cache)
-            log(f"terms_only: {len(terms)} mined terms as a term list ...")
-            spec_terms = replace(spec, out_dir=str(work / "terms_only"))
-            rows.append(run_terms_only(spec_terms, terms, splits["test"], args.eval_bytes, cache, log))
-            log(f"terms_only done in {rows[-1]['seconds']:.0f}s")
+            log(f"{name}: {len(terms)} mined terms as a term list ...")
+            init = {"init": name.split(":", 1)[1]} if ":" in name else {}
+            spec_terms = replace(spec, out_dir=str(work / name.replace(":", "_")), **init)
+            rows.append({**run_terms_only(spec_terms, terms, splits["test"], args.eval_bytes, cache, log), "system": name})
+            log(f"{name} done in {rows[-1]['seconds']:.0f}s")
         if base is None:
             log("base ...")
             base = evaluate_base(splits["test"], args.eval_bytes, base_model)
@@ -598,7 +599,7 @@ def report(result: dict) -> str:
             notes.append(f"its own bf16 base: {own:.4f} domain bits/byte, published {_pct(dom, own)} against it")
         if not r["published"]:
             notes.append("nothing published: " + r["error"].split(";")[0])
-        if r["system"] == "terms_only" and r["published"]:
+        if r["system"].startswith("terms_only") and r["published"]:
             stages = r["stage_seconds"]
             notes.append(f"{r['terms']} terms, no corpus; contexts written in {stages.get('generate', 0):.0f} s, "
                          f"trained in {stages.get('train', 0):.0f} s")
