@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .distill import expand
 from .rows import RowsAdapter
 
 CONTEXTS_PER_TOKEN = 8  # AweDist uses up to 100 on a GPU; a CPU job spends about a minute on 8
@@ -82,21 +83,12 @@ def contexts_of(objective, base_vocab_size: int, *, seed: int = 0) -> list[list[
     return contexts
 
 
-def _teacher_ids(student: list[int], base_vocab_size: int, pieces: dict[int, list[int]]) -> tuple[list[int], list[int]]:
-    """(the same text in base ids, per student position the teacher position of its last piece)."""
-    teacher, last = [], []
-    for token in student:
-        teacher.extend(pieces[token] if token >= base_vocab_size else [token])
-        last.append(len(teacher) - 1)
-    return teacher, last
-
-
 def _batch_loss(adapter: RowsAdapter, batch: list[list[int]], pieces: dict[int, list[int]], pad: int) -> torch.Tensor:
     """Mean squared distance between student and teacher final hidden states, per matched
     position, over the positions from each context's first new token on."""
     device = adapter.input_rows.device
     base = adapter.base_vocab_size
-    taught = [_teacher_ids(ids, base, pieces) for ids in batch]
+    taught = [expand(ids, base, pieces) for ids in batch]
 
     def padded(rows: list[list[int]]) -> torch.Tensor:
         width = max(len(r) for r in rows)
@@ -104,15 +96,15 @@ def _batch_loss(adapter: RowsAdapter, batch: list[list[int]], pieces: dict[int, 
 
     student = padded(batch)  # right padding: causal attention never reads the pads
     with torch.no_grad():
-        teacher_hidden = adapter.hidden(padded([t for t, _ in taught])).float()
+        teacher_hidden = adapter.hidden(padded([t.teacher for t in taught])).float()
     student_hidden = adapter.hidden(student).float()
     rows, student_at, teacher_at = [], [], []
-    for b, (ids, (_, last)) in enumerate(zip(batch, taught)):
+    for b, (ids, context) in enumerate(zip(batch, taught)):
         first = next(j for j, token in enumerate(ids) if token >= base)
         for j in range(first, len(ids)):
             rows.append(b)
             student_at.append(j)
-            teacher_at.append(last[j])
+            teacher_at.append(context.last_piece[j])
     rows_t = torch.tensor(rows, device=student_hidden.device)
     got = student_hidden[rows_t, torch.tensor(student_at, device=student_hidden.device)]
     want = teacher_hidden[rows_t, torch.tensor(teacher_at, device=teacher_hidden.device)]

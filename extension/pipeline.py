@@ -299,7 +299,7 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
     if objective is not None and method == "distill":
         rows, init_report["distillation"] = _distill_inputs(spec, model, extended, rows, objective, callbacks)
     if objective is not None:
-        trained = _train(spec, model, extended, rows, objective, callbacks, validation=validation)
+        trained = _train(spec, model, extended, rows, objective, callbacks, validation=validation, init=method)
         rows = trained.rows
         selection.update(_step_report(trained, validation))
     vocabulary = NewVocabulary(extended=extended, rows=rows, trained=trained, mined=mined, selection=selection,
@@ -420,7 +420,7 @@ def _mine(spec: ExtendSpec, tokenizer, callbacks: Callbacks, documents: int, *, 
     return mined
 
 
-def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callbacks, *, validation=None):
+def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callbacks, *, validation=None, init: str | None = None):
     """Train the new rows on `objective` (built from the plain base model, before attaching), on
     the frozen model itself, on its device (a bf16 base on a GPU; the new rows are fp32),
     keeping the best step on `validation` when there is one."""
@@ -429,7 +429,8 @@ def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callba
     from .identity import run_identity
     from .train import TrainConfig, train_rows
 
-    identity = run_identity(model, extended)
+    # The rows' start (init method) is part of the run: another start never resumes these rows.
+    identity = {**run_identity(model, extended), "init": init}
     config = TrainConfig.from_spec(spec)
     validate = None
     if validation is not None:

@@ -278,11 +278,6 @@ def _run_key(adapter: RowsAdapter, config: TrainConfig, objective, identity: dic
     key["rows"] = [list(p.shape) for p in adapter.parameters()]
     key["base_vocab_size"] = adapter.base_vocab_size
     key["data"] = objective.fingerprint() if hasattr(objective, "fingerprint") else None
-    # The rows it starts from (init method, distillation): another start is another run.
-    digest = hashlib.sha256()
-    for p in adapter.parameters():
-        digest.update(p.detach().float().cpu().numpy().tobytes())
-    key["initial_rows"] = digest.hexdigest()[:16]
     key.update(identity or {})
     return key
 
