@@ -16,6 +16,7 @@ from extension.evaluate import (
     GeneralText,
     chunk_documents,
     compare,
+    document_cap,
     evaluate_model,
     load_general_text,
     metrics_table,
@@ -81,6 +82,29 @@ def test_document_bytes_keeps_each_documents_first_bytes_only():
     assert result == [["alpha beta"], ["eta"], ["theta iota"]]
     # the cap is per document: the total budget still stops at max_bytes
     assert chunk_documents(documents, chunk_bytes=1024, max_bytes=13, document_bytes=11) == [["alpha beta"], ["eta"]]
+
+
+def test_document_cap_spreads_the_text_over_documents_and_still_fills_the_budget():
+    # enough documents: each gives at most an eighth (never under one chunk)
+    assert document_cap([40_000] * 9, 20_000) == 2_500
+    assert document_cap([40_000] * 9, 4_000) == 1_024
+    # few long documents: the cap rises until the budget is filled, as evenly as they allow
+    assert document_cap([40_000, 40_000], 20_000) == 10_000
+    assert document_cap([1_000, 40_000, 40_000], 21_000) == 10_000
+    # everything fits whole: no cap; none asked: none given
+    assert document_cap([500, 700], 20_000) is None
+    assert document_cap([40_000], None) is None
+
+
+def test_held_out_text_is_spread_over_documents_and_reported():
+    # The first long document must not be the whole test text (the Perl manual's 20 KB were one page).
+    documents = ["ab ca " * 200, *BIGRAM_DOCS * 8]  # 1,200 bytes, then 24 short ones
+    result = evaluate_model(bigram_llama(bigram_table(False)), bigram_tokenizer(False), documents, None,
+                            chunk_bytes=16, max_bytes=400)
+    cap = result["settings"]["document_bytes"]
+    assert cap == 50  # an eighth of 400
+    assert result["domain"]["documents"] > 8
+    assert 350 < result["domain"]["bytes"] <= 400
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ from extension.selection.scoring import ChunkScore, TextScore
 from extension.selection.terms import (
     Unit, _UnitEffect, built_on_units, carry_rows, choose_removals, measure_terms, merges_rebuilder, term_units, terms_rebuilder, token_units,
 )
-from extension.selection.validation import chunks_within, document_cap
+from extension.evaluate import document_cap
+from extension.selection.validation import chunks_within
 from extension.tokenizer import extend_tokenizer
 
 SPANISH = sorted(Path("/usr/share/games/fortunes/es").glob("*.fortunes"))
@@ -95,14 +96,13 @@ def test_step_scoring_reads_whole_chunks_within_its_tokens():
 def test_no_validation_document_gives_more_than_its_share(smollm2, smollm2_tokenizer):
     # One long document would otherwise be the whole decision text (the Perl manual's were 16 KB).
     long = "The quick brown fox jumps over the lazy dog. " * 400
-    short = [f"Short note number {k} about nothing much." for k in range(6)]
-    validation = build_validation(smollm2, smollm2_tokenizer, [long, *short], source="test", max_bytes=8_000, min_bytes=0)
-    cap = document_cap(8_000)
-    assert cap == 1024  # an eighth of 8,000 bytes is below one chunk, so one chunk
-    first, *rest = validation.chunks
-    assert long.startswith(first) and len(first.encode("utf-8")) <= cap
-    assert rest == short
-    assert document_cap(32_000) == 4_000
+    notes = [f"Note number {k}: " + "nothing much happened on that day, again. " * 30 for k in range(10)]
+    sizes = [len(d.encode("utf-8")) for d in (long, *notes)]
+    validation = build_validation(smollm2, smollm2_tokenizer, [long, *notes], source="test", max_bytes=8_000, min_bytes=0)
+    assert document_cap(sizes, 8_000) == 1024  # an eighth of 8,000 bytes is below one chunk, so one chunk
+    first, second, *_ = validation.chunks
+    assert long.startswith(first) and len(first.encode("utf-8")) <= 1024
+    assert notes[0].startswith(second)  # the long document gave one chunk, the next document follows
 
 
 def test_optimizer_moments_follow_the_kept_rows():

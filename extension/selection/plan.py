@@ -30,11 +30,6 @@ MIN_EVAL_TOKENS = 1024
 # Term selection scores the whole validation text (up to this much) a few times per job: one
 # pass each, outside the training loop, so it is not held to the per-step budget.
 SELECTION_MAX_BYTES = 32_000
-# No validation document gives more than this share of it. Without a cap the Perl manual's 32 KB
-# were 4 documents (the largest 16.7 KB): the chunks' spread then says little about other text, and
-# a selection that passed on validation scored +1.58% on the test split (quality_perl.md at commit
-# 67282a4). An eighth keeps at least 8 documents wherever the split has them.
-MAX_DOCUMENT_SHARE = 1 / 8
 # Below this much validation text no decision is taken (the job says so in its report).
 MIN_VALIDATION_BYTES = 2_000
 # Each round re-scores the validation text once. Round 1 removes what the attribution calls

@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..evaluate import DEFAULT_CHUNK_BYTES, chunk_documents, context_token_id
-from .plan import MAX_DOCUMENT_SHARE, MIN_VALIDATION_BYTES, SELECTION_MAX_BYTES, ValidationPlan
+from ..evaluate import DEFAULT_CHUNK_BYTES, chunk_documents, context_token_id, document_cap
+from .plan import MIN_VALIDATION_BYTES, SELECTION_MAX_BYTES, ValidationPlan
 from .scoring import TextScore, score_text
 
 
@@ -69,9 +69,9 @@ def build_validation(model, base_tokenizer, documents: list[str], *, source: str
     """Chunk and base-score the validation documents (call with the plain base model, before any
     rows are attached). None when there is less than `min_bytes` of text to decide on.
 
-    Each document gives at most MAX_DOCUMENT_SHARE of `max_bytes` (never less than one chunk):
-    the decisions then rest on several documents even where a few long ones would fill the text."""
-    per_document = document_cap(max_bytes)
+    Each document gives at most its share of `max_bytes` (evaluate.document_cap): the decisions
+    then rest on several documents even where a few long ones would fill the text."""
+    per_document = document_cap([len(doc.encode("utf-8")) for doc in documents], max_bytes)
     chunks = [chunk for doc in chunk_documents(documents, DEFAULT_CHUNK_BYTES, max_bytes, per_document) for chunk in doc]
     if not chunks or sum(len(chunk.encode("utf-8")) for chunk in chunks) < min_bytes:
         return None
@@ -82,11 +82,6 @@ def build_validation(model, base_tokenizer, documents: list[str], *, source: str
     validation = ValidationSet(source=source, chunks=chunks, context_id=context, base=base, step_chunks=len(chunks))
     validation.base_seconds = time.perf_counter() - started
     return validation
-
-
-def document_cap(max_bytes: int) -> int:
-    """The most bytes one validation document may give (see build_validation)."""
-    return max(int(max_bytes * MAX_DOCUMENT_SHARE), DEFAULT_CHUNK_BYTES)
 
 
 def chunks_within(score: TextScore, tokens: int) -> int:
