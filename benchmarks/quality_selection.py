@@ -19,8 +19,9 @@ With `--dtype bfloat16` the base model is a bf16 copy of the built-in checkpoint
 weights are stored in, so the job (and its "before" scoring, the base row) runs in bf16 on the CPU,
 as the frozen model of a GPU worker's job does (its new rows stay fp32).
 One fortune / entry / file is one document. Every system is evaluated on the product's own test
-split (`extension.corpus.split_of(doc) == "test"`), the first `--eval-bytes` of it, and on as many
-bytes of the default general English text.
+split (`extension.corpus.split_of(doc) == "test"`), `--eval-bytes` of it spread over its documents as
+the product spreads its held-out text (extension.evaluate.document_cap), and on as many bytes of the
+default general English text.
 
 Systems (one process, one after the other, torch seed 0 before each):
   base              the product's own "before" scoring (the base model on the same test text)
@@ -28,6 +29,7 @@ Systems (one process, one after the other, torch seed 0 before each):
   ours_keep_all     the same with selection "none" (every mined token, the last step) -- optional
   ours_init:NAME    ours with the option init=NAME (a peer start for the rows: subword_mean_norm, Nemotron's
                     norm-corrected mean; distill, AweDist's input distillation before training; issue 26)
+  ours:KEY=VALUE    ours with one product option set (e.g. ours:distill_contexts=4): a peer for one default
   ours_bf16         ours on the bf16 copy of the built-in model (see --dtype), in the same run as the fp32
                     rows: its own "before" is the bf16 base's; judged against it and against ours (issue 23)
   terms_only[:INIT] the product's terms-only job (the API's main door): the terms mining finds on the train
@@ -244,7 +246,7 @@ def offered_tokens_per_byte(domain: str, eval_bytes: int, mining_unit: str, cach
     from transformers import AutoTokenizer
 
     from extension.corpus import split_of
-    from extension.evaluate import DEFAULT_CHUNK_BYTES, chunk_documents
+    from extension.evaluate import DEFAULT_CHUNK_BYTES, chunk_documents, document_cap
     from extension.mining import mine_terms
     from extension.models import ModelSources, resolve_model
 
@@ -258,8 +260,9 @@ def offered_tokens_per_byte(domain: str, eval_bytes: int, mining_unit: str, cach
                            min_frequency=DEFAULTS["min_frequency"], mining_unit=mining_unit)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    chunks = [c for doc in chunk_documents([d for d in docs if split_of(d) == "test"], DEFAULT_CHUNK_BYTES, eval_bytes)
-              for c in doc]
+    test = [d for d in docs if split_of(d) == "test"]
+    cap = document_cap([len(d.encode("utf-8")) for d in test], eval_bytes)
+    chunks = [c for doc in chunk_documents(test, DEFAULT_CHUNK_BYTES, eval_bytes, cap) for c in doc]
     tokens = sum(len(ids) for ids in mined.extended.tokenizer(chunks, add_special_tokens=False)["input_ids"])
     return tokens / sum(len(c.encode("utf-8")) for c in chunks)
 
@@ -396,8 +399,13 @@ def main() -> None:
         if name.startswith(("ours_init:", "terms_only:")):
             if name.split(":", 1)[1] not in BY_NAME["init"].choices:
                 parser.error(f"{name!r}: init must be one of {', '.join(BY_NAME['init'].choices)}")
+        elif name.startswith("ours:"):
+            try:
+                option_setting(name)
+            except ValueError as exc:
+                parser.error(f"{name!r}: {exc}")
         elif name not in SYSTEMS:
-            parser.error(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}, ours_init:<init>")
+            parser.error(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}, ours_init:<init>, ours:<option>=<value>")
     if args.dtype != "float32" and ("trainable_tokens" in systems or "ours_bf16" in systems):
         parser.error("--dtype bfloat16 measures the product's job only (ours, ours_keep_all); "
                      "for fp32 and bf16 side by side run the fp32 default with --systems ours,ours_bf16")
@@ -429,6 +437,7 @@ def main() -> None:
                           mining_unit=args.mining_unit)
         variants = {"ours": {}, "ours_keep_all": {"selection": "none"}}
         variants.update({name: {"init": name.split(":", 1)[1]} for name in systems if name.startswith("ours_init:")})
+        variants.update({name: option_setting(name) for name in systems if name.startswith("ours:")})
         if "ours_bf16" in systems:
             variants["ours_bf16"] = {"base_model": str(bf16_copy(cache))}
         for name, changes in variants.items():
@@ -436,8 +445,10 @@ def main() -> None:
                 continue
             log(f"{name} ...")
             run_spec = spec if name == "ours" else replace(spec, out_dir=str(work / name.replace(":", "_")), **changes)
+            cpu_started = time.process_time()
             outcome, failure, seconds = run_product(run_spec, cache, log)
-            row = _ours_row(name, outcome, failure, seconds)
+            # CPU time: what the job cost, whatever else shared the cores (runs use one thread each)
+            row = {**_ours_row(name, outcome, failure, seconds), "cpu_seconds": round(time.process_time() - cpu_started, 1)}
             rows.append(row)
             if base is None and outcome is not None and name != "ours_bf16":  # the base row is the fp32 model's
                 base = outcome["metrics"]["before"]
@@ -472,6 +483,47 @@ def main() -> None:
 
 
 # -- report -----------------------------------------------------------------------------------
+def option_setting(system: str) -> dict:
+    """{option: value} from a system named ours:KEY=VALUE, checked as the product checks options."""
+    key, sep, text = system.split(":", 1)[1].partition("=")
+    option = BY_NAME.get(key)
+    if not sep or option is None or key in ("corpus_path", "out_dir", "base_model"):
+        raise ValueError("write ours:<option>=<value> with a training or mining option of extension.options")
+    value = option.kind(text)
+    option.check(value)
+    return {key: value}
+
+
+PREVIOUS_DEFAULT = "ours_init:composition"  # the default start before input distillation (issue 26)
+
+
+def _time_verdicts(rows: list[dict]) -> list[str]:
+    """Each other ours row's job time against the previous default's in the same run (CPU time
+    where both have it: runs made side by side share the cores, so their wall times are not)."""
+    before = next((r for r in rows if r["system"] == PREVIOUS_DEFAULT), None)
+    if before is None:
+        return []
+    verdicts = []
+    for r in rows:
+        if r is before or not (r["system"] == "ours" or r["system"].startswith(("ours_init:", "ours:"))):
+            continue
+        kind = "cpu_seconds" if r.get("cpu_seconds") and before.get("cpu_seconds") else "seconds"
+        ratio = r[kind] / before[kind]
+        who = "" if r["system"] == "ours" else f"{r['system']}: "
+        verdicts.append(f"- {who}job {'CPU' if kind == 'cpu_seconds' else 'wall'} time at most 1.5x {PREVIOUS_DEFAULT}'s: "
+                        f"{r[kind]:.0f} s / {before[kind]:.0f} s = {ratio:.2f}x — {'met' if ratio <= 1.5 else 'NOT met'}")
+    return verdicts
+
+
+def _test_text(result: dict) -> str:
+    settings = result["base"].get("settings") or {}
+    if "document_bytes" not in settings:  # runs before the product spread the test text over documents
+        return f"the first {result['eval_bytes']:,} bytes of the test split"
+    cap = settings["document_bytes"]
+    return (f"{result['eval_bytes']:,} bytes of the test split, "
+            + (f"at most {cap:,} from each document (extension.evaluate.document_cap)" if cap else "every document whole"))
+
+
 def _pct(value: float, ref: float) -> str:
     return f"{(value / ref - 1) * 100:+.2f}%"
 
@@ -552,8 +604,8 @@ def report(result: dict) -> str:
         f"lr {d['lr']} x {d['embedding_lr_multiplier']} for the rows, selection {d['selection']!r}; "
         + ("trainable_tokens: the same budget on every offered token. " if any(r["system"] == "trainable_tokens" for r in result["rows"])
            else "Trainable Tokens not run (no row below). ")
-        + f"Scored: the first {result['eval_bytes']:,} bytes "
-        f"of the test split and {result['eval_bytes']:,} bytes of general English (the product's default is 50,000). "
+        + f"Scored: {_test_text(result)} "
+        f"and {result['eval_bytes']:,} bytes of general English (the product's default is 50,000). "
         "Bits per byte: lower is better; percentages against the base model in the same run. "
         "Saving kept = (base - published tokens/byte) / (base - offered tokens/byte)."
         + (" A GPU worker's default budget, measured on the CPU in fp32: a GPU job computes the frozen model in bf16 "
@@ -613,8 +665,9 @@ def report(result: dict) -> str:
         lines.append(
             f"| {r['system']} | {dom:.4f} ({_pct(dom, bd['bits_per_byte'])}) | {gen:.4f} ({_pct(gen, bg['bits_per_byte'])}) | "
             f"{tpb:.4f} ({_pct(tpb, bd['tokens_per_byte'])}) | {new_tokens if new_tokens is not None else '—'} | "
-            f"{'—' if kept is None else f'{kept * 100:.1f}%'} | {r['seconds']:.0f} s | {'; '.join(notes)} |")
-        if r["system"] == "ours" or r["system"].startswith("ours_init:"):
+            f"{'—' if kept is None else f'{kept * 100:.1f}%'} | {r['seconds']:.0f} s"
+            + (f" (CPU {r['cpu_seconds']:.0f} s)" if r.get("cpu_seconds") is not None else "") + f" | {'; '.join(notes)} |")
+        if r["system"] == "ours" or r["system"].startswith(("ours_init:", "ours:")):
             who = "" if r["system"] == "ours" else f"{r['system']}: "
             share = "—" if kept is None else f"{kept * 100:.1f}%"
             verdicts += [
@@ -626,6 +679,7 @@ def report(result: dict) -> str:
                 f"- {who}at least two thirds of the offered saving kept: {share} — "
                 f"{'met' if kept is not None and kept >= 2 / 3 else 'NOT met'}",
             ]
+    verdicts += _time_verdicts(result["rows"])
     verdicts += _bf16_verdicts(result["rows"], bd["bits_per_byte"])
     if verdicts:
         lines += ["", "Targets for ours, on the test split:", ""] + verdicts

@@ -19,15 +19,19 @@ a forward pass of the teacher and a forward and backward pass of the student ove
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from .distill import expand
+from .init import NewRows
 from .rows import RowsAdapter
 
-CONTEXTS_PER_TOKEN = 8  # AweDist uses up to 100 on a GPU; a CPU job spends about a minute on 8
+DISTILLED_NAME = "distilled_rows.pt"  # in a job's work folder, beside the training checkpoint
+
 TOKENS_BEFORE = 8  # context read before the new token (the teacher's state when it arrives)
 TOKENS_AFTER = 16  # positions after it whose hidden states are matched
 BATCH_CONTEXTS = 32
@@ -48,7 +52,7 @@ class DistillationReport:
                 "method": "AweDist-style hidden-state distillation of the input rows (arXiv 2505.20133)"}
 
 
-def window_contexts(tokens: torch.Tensor, base_vocab_size: int, *, per_token: int = CONTEXTS_PER_TOKEN,
+def window_contexts(tokens: torch.Tensor, base_vocab_size: int, *, per_token: int,
                     before: int = TOKENS_BEFORE, after: int = TOKENS_AFTER, seed: int = 0) -> list[list[int]]:
     """Up to `per_token` slices of a token stream around occurrences of each new id (chosen at
     random among its occurrences), each from `before` tokens before it to `after` after it."""
@@ -69,11 +73,12 @@ def window_contexts(tokens: torch.Tensor, base_vocab_size: int, *, per_token: in
     return contexts
 
 
-def contexts_of(objective, base_vocab_size: int, *, seed: int = 0) -> list[list[int]]:
+def contexts_of(objective, base_vocab_size: int, *, per_token: int, seed: int = 0) -> list[list[int]]:
     """Student ids around the new tokens from a job's training data: corpus windows
-    (train.TokenWindows) or generated term contexts (distill.TermContextObjective)."""
+    (train.TokenWindows, up to `per_token` per new id) or generated term contexts
+    (distill.TermContextObjective: each one already is a context of its term)."""
     if hasattr(objective, "tokens"):
-        return window_contexts(objective.tokens, base_vocab_size, seed=seed)
+        return window_contexts(objective.tokens, base_vocab_size, per_token=per_token, seed=seed)
     contexts = []
     for context in getattr(objective, "contexts", []):
         ids = context.student
@@ -147,3 +152,27 @@ def distill_input_rows(adapter: RowsAdapter, contexts: list[list[int]], pieces: 
         for p in frozen:
             p.requires_grad_(True)
     return DistillationReport(len(contexts), len(losses), time.perf_counter() - started, losses[0], losses[-1])
+
+
+def save_distilled(work_dir, key: dict, rows: NewRows, report: dict) -> None:
+    """Keep the distilled rows in `work_dir` (nothing without one), written atomically."""
+    if work_dir is None:
+        return
+    path = Path(work_dir) / DISTILLED_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"key": key, "input": rows.input.cpu(), "output": None if rows.output is None else rows.output.cpu(),
+                "output_bias": None if rows.output_bias is None else rows.output_bias.cpu(), "report": report}, tmp)
+    os.replace(tmp, path)
+
+
+def load_distilled(work_dir, key: dict) -> tuple[NewRows, dict] | None:
+    """(rows, report) kept by save_distilled for the same `key` (base model, new tokens, data and
+    distillation settings), else None."""
+    path = Path(work_dir) / DISTILLED_NAME if work_dir is not None else None
+    if path is None or not path.exists():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if state.get("key") != key:
+        return None
+    return NewRows(state["input"], state["output"], state["output_bias"]), state["report"]

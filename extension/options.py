@@ -144,6 +144,10 @@ OPTIONS: tuple[Option, ...] = (
            "'auto': distill for a trained corpus job, composition for a trained terms-only job (it starts training "
            "closer to where it ends), the mean for an init-only job (untrained, composed rows take more probability "
            "where they are not the answer)", choices=("auto", "composition", "subword_mean", "subword_mean_norm", "distill")),
+    # 8 is what the init peers were measured with (quality_{es,foldoc}_init_peers.md); the
+    # distillation then took 339 s of a 745 s Spanish CPU job (1.59x the composed job's time).
+    Option("distill_contexts", int, 8, "contexts per new token the input distillation reads (init 'distill'; "
+           "AweDist uses up to 100): fewer cost less time, more train rare tokens' rows more", 1, 1000),
     # training of the new rows
     # 400 on a GPU, where they are cheap (benchmarks/results/quality_<domain>.md at 100 steps,
     # quality_<domain>_400steps.md at 400, SmolLM2, five domains): at 400 every domain keeps all

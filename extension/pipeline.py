@@ -445,11 +445,21 @@ def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callba
 
 
 def _distill_inputs(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callbacks):
-    """(rows with the input side distilled on the job's own contexts, the report): init 'distill'."""
-    from .input_distillation import contexts_of, distill_input_rows
+    """(rows with the input side distilled on the job's own contexts, the report): init 'distill'.
+    Kept in the work folder (input_distillation.DISTILLED_NAME): a resumed job, whose training
+    checkpoint needs these rows' run, does not distil again (minutes on a CPU)."""
+    from .identity import run_identity
+    from .input_distillation import contexts_of, distill_input_rows, load_distilled, save_distilled
     from .rows import attach
 
-    contexts = contexts_of(objective, extended.base_vocab_size, seed=spec.seed)
+    key = {**run_identity(model, extended), "data": objective.fingerprint() if hasattr(objective, "fingerprint") else None,
+           "distill_contexts": spec.distill_contexts, "lr": spec.lr * spec.embedding_lr_multiplier, "seed": spec.seed}
+    kept = load_distilled(callbacks.work_dir, key)
+    if kept is not None:
+        rows, report = kept[0], {**kept[1], "resumed": True}
+        callbacks.on_event("input_distillation", report)
+        return rows, report
+    contexts = contexts_of(objective, extended.base_vocab_size, per_token=spec.distill_contexts, seed=spec.seed)
     pad = extended.tokenizer.pad_token_id if extended.tokenizer.pad_token_id is not None else (extended.tokenizer.eos_token_id or 0)
     adapter = attach(model, extended.base_vocab_size, rows, pad_to_multiple_of=spec.pad_to_multiple_of)
     try:
@@ -461,6 +471,7 @@ def _distill_inputs(spec: ExtendSpec, model, extended, rows, objective, callback
     finally:
         adapter.detach()
     callbacks.on_event("input_distillation", report.to_json())
+    save_distilled(callbacks.work_dir, key, distilled, report.to_json())
     return distilled, report.to_json()
 
 

@@ -10,7 +10,7 @@ import torch
 
 from app.cli import main
 from extension.init import NewRows, subword_mean_rows
-from extension.input_distillation import _batch_loss, distill_input_rows, window_contexts
+from extension.input_distillation import DISTILLED_NAME, _batch_loss, distill_input_rows, window_contexts
 from extension.rows import attach
 from extension.tokenizer import NewToken
 from tests.conftest import tiny_llama
@@ -77,11 +77,32 @@ def test_tide_extend_init_distill_distils_then_trains(tmp_path, tiny_model_dir, 
     out = tmp_path / "out"
     assert main(["extend", "--base-model", str(tiny_model_dir), "--out", str(out), "--corpus", str(corpus),
                  "--max-new-tokens", "12", "--steps", "2", "--batch-size", "2", "--seq-len", "32", "--eval-bytes", "1000",
-                 "--keep-all-terms", "--init", "distill"]) == 0
-    init = json.loads((out / "tide_extension.json").read_text())["init"]
+                 "--keep-all-terms", "--init", "distill", "--distill-contexts", "2"]) == 0
+    report = json.loads((out / "tide_extension.json").read_text())
+    init = report["init"]
     assert init["method"] == "composition" or init.get("fallback_reason")
     distilled = init["distillation"]
     assert distilled["contexts"] > 0 and distilled["steps"] > 0 and distilled["loss_last"] is not None
+    assert distilled["contexts"] <= 2 * len(report["new_tokens"])  # --distill-contexts: at most 2 per new token
+
+
+def test_a_rerun_in_the_same_work_folder_reuses_the_distilled_rows(tmp_path, tiny_model_dir, cli_cache, capsys):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n\n".join(foldoc_documents(300, skip=50)))
+    args = ["extend", "--base-model", str(tiny_model_dir), "--corpus", str(corpus), "--max-new-tokens", "12",
+            "--steps", "2", "--batch-size", "2", "--seq-len", "32", "--eval-bytes", "1000", "--keep-all-terms",
+            "--init", "distill", "--work-dir", str(tmp_path / "work")]
+    assert main([*args, "--out", str(tmp_path / "first")]) == 0
+    assert (tmp_path / "work" / DISTILLED_NAME).exists()
+    assert main([*args, "--out", str(tmp_path / "second")]) == 0
+    first, second = (json.loads((tmp_path / name / "tide_extension.json").read_text())["init"]["distillation"]
+                     for name in ("first", "second"))
+    assert second.get("resumed") is True and not first.get("resumed")
+    assert second["loss_last"] == first["loss_last"] and second["contexts"] == first["contexts"]
+    # other distillation settings: distilled afresh, never the kept rows
+    assert main([*args, "--distill-contexts", "1", "--out", str(tmp_path / "third")]) == 0
+    third = json.loads((tmp_path / "third" / "tide_extension.json").read_text())["init"]["distillation"]
+    assert not third.get("resumed")
 
 
 def test_tide_extend_init_subword_mean_norm(tmp_path, tiny_model_dir, cli_cache):
