@@ -453,6 +453,9 @@ def main() -> None:
             if base is None and outcome is not None and name != "ours_bf16":  # the base row is the fp32 model's
                 base = outcome["metrics"]["before"]
             log(f"{name} done in {seconds:.0f}s" + (f": {failure['error'][:200]}" if failure else ""))
+            # what is measured so far survives a run that is stopped before its last system
+            save(out, {**_result(args, command, data, base, rows, started),
+                       "unfinished": [n for n in systems if n not in {r["system"] for r in rows}]})
         for name in [n for n in systems if n == "terms_only" or n.startswith("terms_only:")]:
             terms = mined_term_list(spec, cache)
             log(f"{name}: {len(terms)} mined terms as a term list ...")
@@ -683,6 +686,8 @@ def report(result: dict) -> str:
     verdicts += _bf16_verdicts(result["rows"], bd["bits_per_byte"])
     if verdicts:
         lines += ["", "Targets for ours, on the test split:", ""] + verdicts
+    if result.get("unfinished"):
+        lines += ["", f"Unfinished run: saved before {', '.join(result['unfinished'])} ran (or while it ran)."]
     warned = {w for r in result["rows"] for w in r.get("warnings", [])}
     if warned:
         lines += ["", "PEFT warned: " + "; ".join(f"`{w}`" for w in sorted(warned))]
