@@ -440,9 +440,8 @@ def main() -> None:
         variants.update({name: option_setting(name) for name in systems if name.startswith("ours:")})
         if "ours_bf16" in systems:
             variants["ours_bf16"] = {"base_model": str(bf16_copy(cache))}
-        for name, changes in variants.items():
-            if name not in systems:
-                continue
+        for name in [n for n in systems if n in variants]:  # in the order asked
+            changes = variants[name]
             log(f"{name} ...")
             run_spec = spec if name == "ours" else replace(spec, out_dir=str(work / name.replace(":", "_")), **changes)
             cpu_started = time.process_time()
