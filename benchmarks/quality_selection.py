@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -376,6 +377,10 @@ def main() -> None:
     parser.add_argument("--max-docs", type=int, default=0, help="for smoke runs only: the first N documents (0: all)")
     parser.add_argument("--out", type=Path, help="default benchmarks/results/quality_<domain>.md")
     parser.add_argument("--report", type=Path, metavar="JSON", help="only rewrite the .md next to an earlier run's .json")
+    parser.add_argument("--from-job", type=Path, metavar="DIR",
+                        help="only write --out with the ours row read from a job folder this script's run published "
+                             "(metrics.json, tide_extension.json) before it was stopped; with --domain and the run's options")
+    parser.add_argument("--run-command", help="with --from-job: the command of the stopped run that published it")
     parser.add_argument("--combine", nargs="+", type=Path, metavar="JSON",
                         help="only write --out from runs of one domain's systems in separate processes at the same time")
     args = parser.parse_args()
@@ -394,6 +399,9 @@ def main() -> None:
         return
     if not args.domain:
         parser.error("--domain is required")
+    if args.from_job:
+        save(args.out or RESULTS / f"quality_{args.domain}.md", from_job(args))
+        return
     systems = args.systems.split(",")
     for name in systems:
         if name.startswith(("ours_init:", "terms_only:")):
@@ -485,6 +493,32 @@ def main() -> None:
 
 
 # -- report -----------------------------------------------------------------------------------
+def from_job(args) -> dict:
+    """A result whose one row ("ours") is read from a job folder a run of this script published
+    before the run was stopped (the temporary folder outlives the job until the run ends): the
+    product's own before/after on the test split, as a finished run would record it; its wall
+    and CPU time are unknown (the row says so)."""
+    from extension.corpus import split_of
+
+    folder = args.from_job
+    metrics = json.loads((folder / "metrics.json").read_text())
+    extension = json.loads((folder / "tide_extension.json").read_text())
+    if metrics["before"]["settings"]["max_bytes"] != args.eval_bytes:
+        raise SystemExit(f"{folder} scored {metrics['before']['settings']['max_bytes']} test bytes, not --eval-bytes {args.eval_bytes}")
+    docs = documents(args.domain)
+    splits = {s: [d for d in docs if split_of(d) == s] for s in ("train", "validation", "test")}
+    data = {"documents": {s: len(v) for s, v in splits.items()},
+            "bytes": {s: sum(len(d.encode("utf-8")) for d in v) for s, v in splits.items()}}
+    row = {**_ours_row("ours", {"metrics": metrics, "extension": extension, "stage_seconds": {}}, {}, float("nan")),
+           "from_job": str(folder.name)}
+    command = "python benchmarks/quality_selection.py " + shlex.join(sys.argv[1:])
+    result = {**_result(args, command, data, metrics["before"], [row], time.time()), "stopped_run": args.run_command}
+    cache = Path(os.environ.get("TIDE_TEST_CACHE") or REPO / ".cache")
+    if _offered_by_ours(result["rows"]) is None:
+        result["offered_tokens_per_byte"] = offered_tokens_per_byte(args.domain, args.eval_bytes, args.mining_unit, cache)
+    return result
+
+
 def option_setting(system: str) -> dict:
     """{option: value} from a system named ours:KEY=VALUE, checked as the product checks options."""
     key, sep, text = system.split(":", 1)[1].partition("=")
@@ -579,7 +613,9 @@ def report(result: dict) -> str:
         f"{'' if device else ', but ' + str(result['steps']) + ' steps'}: {DOMAINS[domain]} (issue 11)"
         + ("" if dtype == "float32" else f", base model in {dtype}"),
         "",
-        (f"Command: `{result['command']}` ({result['seconds'] / 60:.0f} min on 2 shared CPU cores)."
+        (f"Command: `{result['stopped_run']}`, stopped after its first job; its published folder read by "
+         f"`{result['command']}`." if result.get("stopped_run") else
+         f"Command: `{result['command']}` ({result['seconds'] / 60:.0f} min on 2 shared CPU cores)."
          if isinstance(result["command"], str) else
          "Commands, one process each: " + ", ".join(f"`{c}`" for c in result["command"])
          + f" ({result['seconds'] / 60:.0f} min on 2 shared CPU cores), then `python benchmarks/quality_selection.py "
@@ -667,7 +703,8 @@ def report(result: dict) -> str:
         lines.append(
             f"| {r['system']} | {dom:.4f} ({_pct(dom, bd['bits_per_byte'])}) | {gen:.4f} ({_pct(gen, bg['bits_per_byte'])}) | "
             f"{tpb:.4f} ({_pct(tpb, bd['tokens_per_byte'])}) | {new_tokens if new_tokens is not None else '—'} | "
-            f"{'—' if kept is None else f'{kept * 100:.1f}%'} | {r['seconds']:.0f} s"
+            f"{'—' if kept is None else f'{kept * 100:.1f}%'} | "
+            + ("not timed (read from its published folder)" if r.get("from_job") else f"{r['seconds']:.0f} s")
             + (f" (CPU {r['cpu_seconds']:.0f} s)" if r.get("cpu_seconds") is not None else "") + f" | {'; '.join(notes)} |")
         if r["system"] == "ours" or r["system"].startswith(("ours_init:", "ours:")):
             who = "" if r["system"] == "ours" else f"{r['system']}: "
