@@ -358,7 +358,6 @@ def save(out: Path, result: dict) -> None:
 
 
 def main() -> None:
-    from extension.corpus import split_of
     from extension.spec import ExtendSpec
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -428,9 +427,7 @@ def main() -> None:
     docs = documents(args.domain)
     if args.max_docs:
         docs = docs[:args.max_docs]
-    splits = {s: [d for d in docs if split_of(d) == s] for s in ("train", "validation", "test")}
-    data = {"documents": {s: len(v) for s, v in splits.items()},
-            "bytes": {s: sum(len(d.encode("utf-8")) for d in v) for s, v in splits.items()}}
+    splits, data = split_sizes(docs)
     log(f"{data}")
     base_model = base_model_of(args.dtype, cache)
     log(f"base model {base_model} ({args.dtype})")
@@ -493,24 +490,28 @@ def main() -> None:
 
 
 # -- report -----------------------------------------------------------------------------------
+def split_sizes(docs: list[str]) -> tuple[dict[str, list[str]], dict]:
+    """({split: its documents}, their counts and bytes for the report), by the product's own split."""
+    from extension.corpus import split_of
+
+    splits = {s: [d for d in docs if split_of(d) == s] for s in ("train", "validation", "test")}
+    return splits, {"documents": {s: len(v) for s, v in splits.items()},
+                    "bytes": {s: sum(len(d.encode("utf-8")) for d in v) for s, v in splits.items()}}
+
+
 def from_job(args) -> dict:
     """A result whose one row ("ours") is read from a job folder a run of this script published
     before the run was stopped (the temporary folder outlives the job until the run ends): the
     product's own before/after on the test split, as a finished run would record it; its wall
     and CPU time are unknown (the row says so)."""
-    from extension.corpus import split_of
-
     folder = args.from_job
     metrics = json.loads((folder / "metrics.json").read_text())
     extension = json.loads((folder / "tide_extension.json").read_text())
     if metrics["before"]["settings"]["max_bytes"] != args.eval_bytes:
         raise SystemExit(f"{folder} scored {metrics['before']['settings']['max_bytes']} test bytes, not --eval-bytes {args.eval_bytes}")
-    docs = documents(args.domain)
-    splits = {s: [d for d in docs if split_of(d) == s] for s in ("train", "validation", "test")}
-    data = {"documents": {s: len(v) for s, v in splits.items()},
-            "bytes": {s: sum(len(d.encode("utf-8")) for d in v) for s, v in splits.items()}}
-    row = {**_ours_row("ours", {"metrics": metrics, "extension": extension, "stage_seconds": {}}, {}, float("nan")),
-           "from_job": str(folder.name)}
+    _, data = split_sizes(documents(args.domain))
+    row = {**_ours_row("ours", {"metrics": metrics, "extension": extension, "stage_seconds": {}}, {}, 0.0),
+           "seconds": None, "from_job": str(folder.name)}
     command = "python benchmarks/quality_selection.py " + shlex.join(sys.argv[1:])
     result = {**_result(args, command, data, metrics["before"], [row], time.time()), "stopped_run": args.run_command}
     cache = Path(os.environ.get("TIDE_TEST_CACHE") or REPO / ".cache")
@@ -523,8 +524,8 @@ def option_setting(system: str) -> dict:
     """{option: value} from a system named ours:KEY=VALUE, checked as the product checks options."""
     key, sep, text = system.split(":", 1)[1].partition("=")
     option = BY_NAME.get(key)
-    if not sep or option is None or key in ("corpus_path", "out_dir", "base_model"):
-        raise ValueError("write ours:<option>=<value> with a training or mining option of extension.options")
+    if not sep or option is None:
+        raise ValueError("write ours:<option>=<value> with an option of extension.options")
     value = option.kind(text)
     option.check(value)
     return {key: value}
