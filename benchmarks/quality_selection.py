@@ -394,7 +394,8 @@ def main() -> None:
         args.report.with_suffix(".md").write_text(report(result))
         return
     if args.combine:
-        save(args.out, combine([json.loads(p.read_text()) for p in args.combine]))
+        save(args.out, {**combine([json.loads(p.read_text()) for p in args.combine]),
+                        "combine_command": "python benchmarks/quality_selection.py " + shlex.join(sys.argv[1:])})
         return
     if not args.domain:
         parser.error("--domain is required")
@@ -619,8 +620,9 @@ def report(result: dict) -> str:
          f"Command: `{result['command']}` ({result['seconds'] / 60:.0f} min on 2 shared CPU cores)."
          if isinstance(result["command"], str) else
          "Commands, one process each: " + ", ".join(f"`{c}`" for c in result["command"])
-         + f" ({result['seconds'] / 60:.0f} min on 2 shared CPU cores), then `python benchmarks/quality_selection.py "
-         f"--combine ... --out benchmarks/results/quality_{domain}.md`."),
+         + f" ({result['seconds'] / 60:.0f} min on 2 shared CPU cores), then `"
+         + (result.get("combine_command") or f"python benchmarks/quality_selection.py --combine ... --out "
+                                                f"benchmarks/results/quality_{domain}.md") + "`."),
         ("Base: the product's own \"before\" scoring of the same text" if any(
             r["system"].startswith("ours") and r["published"] for r in result["rows"])
          else "Base: the base model scored by this script" + (" (the product published nothing)" if any(
