@@ -75,7 +75,7 @@ def selection_sentence(metrics: dict, *, style: str = "cli") -> str | None:
         words = f"Term selection kept all {offered} new tokens offered"
         if base and "tokens_per_byte" in first:
             words += f": the validation text is {_shorter(first['tokens_per_byte'], base):.1%} shorter in tokens"
-        return words + "."
+        return words + "." + _harmful_kept(selection)
     words = (f"Term selection kept {kept} of the {offered} new tokens offered ({offered - kept} removed in "
              f"{len(rounds)} round{'s' if len(rounds) != 1 else ''})")
     if base and "tokens_per_byte" in first and "tokens_per_byte" in last:
@@ -84,7 +84,18 @@ def selection_sentence(metrics: dict, *, style: str = "cli") -> str | None:
                   f"{offered_saving:.1%} shorter")
         if offered_saving > 0:
             words += f", so {max(0.0, 1 - kept_saving / offered_saving):.0%} of the saving was given up"
-    return words + "." + _keep_more(metrics, style=style)
+    return words + "." + _harmful_kept(selection) + _keep_more(metrics, style=style)
+
+
+def _harmful_kept(selection: dict) -> str:
+    """' N of the kept tokens cost more bits than they save ...' where the last round measured
+    some (selection removes only what the model needs to be below the base), else ''."""
+    costly = sum(1 for effect in (selection.get("effects") or {}).values()
+                 if effect.get("net_bits", 0) > 0 and effect.get("occurrences", 0) > 0)
+    if not costly:
+        return ""
+    return (f" {costly} of the kept tokens cost more bits than they save where used; they stay for the length "
+            "they save, as the model is below the base model with them.")
 
 
 def _keep_more(metrics: dict, *, style: str) -> str:

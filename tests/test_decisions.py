@@ -93,3 +93,15 @@ def test_a_terms_only_job_worse_than_the_base_on_its_held_out_contexts_says_so()
     better = {"comparison": {"held_out_contexts_bits_per_byte": {"before": 1.20, "after": 1.14}}}
     assert "at or below the base model: 1.1400 bits per byte against the base model's 1.2000 (-5.00%)" in held_out_sentence(better)
     assert held_out_sentence({"comparison": {"domain_bits_per_byte": {"before": 1.2, "after": 1.3}}}) is None
+
+
+def test_kept_tokens_that_cost_bits_are_counted():
+    """Selection removes only what the model needs to be below the base (issue 26): the tokens it
+    keeps although they cost bits where used are said, with why they stay."""
+    costly = copy.deepcopy(MEDICAL)
+    costly["selection"]["effects"] = {"a": {"occurrences": 4, "net_bits": 2.5}, "b": {"occurrences": 9, "net_bits": -7.0},
+                                      "c": {"occurrences": 0, "net_bits": 0.3}, "d": {"occurrences": 1, "net_bits": 0.1}}
+    assert ("51% of the saving was given up. 2 of the kept tokens cost more bits than they save where used; they stay "
+            "for the length they save, as the model is below the base model with them. The validation score"
+            ) in selection_sentence(costly)
+    assert "cost more bits" not in selection_sentence(MEDICAL)
