@@ -392,3 +392,24 @@ def test_a_job_cancelled_during_term_selection_is_cancelled_not_failed(tiny_mode
     assert "during term selection" in str(stopped.value)
     assert stages[-1] == "train" and asked[-1] is True
     assert not (tmp_path / "out").exists()
+
+
+def test_a_harmful_unit_whose_removal_would_leave_an_intermediate_in_its_place_stays_while_others_go(nested_merges):
+    """Issue 26: removing a harmful token is priced as a return to the base's pieces; where the
+    rebuild would instead cut its text into a kept intermediate (trained only inside longer
+    tokens), the round leaves it while it has other harmful units to remove."""
+    rebuild, units, intermediate, built, unrelated = nested_merges
+    current = rebuild(units)
+    effects = {intermediate.name: _UnitEffect(occurrences=3, net_bits=-5.0, leak_bits=0.0),
+               built.name: _UnitEffect(occurrences=5, net_bits=4.0, leak_bits=0.0),
+               unrelated.name: _UnitEffect(occurrences=2, net_bits=3.0, leak_bits=0.0)}
+    # without the rebuilt tokenizer's check, both harmful units go
+    _, kept, gone = choose_removals(units, effects, rebuild)
+    assert set(gone) == {built.name, unrelated.name} and kept == [intermediate]
+    # with it, the word built on the kept piece stays: its text would read as that piece + the rest
+    _, kept, gone = choose_removals(units, effects, rebuild, current=current)
+    assert set(gone) == {unrelated.name} and kept == [intermediate, built]
+    # when it is the only harmful unit, it goes all the same
+    alone = {**effects, unrelated.name: _UnitEffect(occurrences=2, net_bits=-3.0, leak_bits=0.0)}
+    _, kept, gone = choose_removals(units, alone, rebuild, current=current)
+    assert set(gone) == {built.name}

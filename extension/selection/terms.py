@@ -8,7 +8,8 @@ with the current tokens and rows; stop when the judging fold is below the base m
 byte by at least one standard error of the per-chunk difference (the test split is other text:
 a model that only just ties the base lands above it on test about half the time); otherwise
 remove the units (a mined merge, or a user's term with all its forms) whose attributed net
-effect is harmful, rebuild the tokenizer from the base with what is kept (so merges and
+effect is harmful (in the early rounds, not those whose removal would leave an intermediate
+token where they stood), rebuild the tokenizer from the base with what is kept (so merges and
 intermediates no kept token needs go too, and the kept ids are renumbered without holes), carry
 each kept token's trained rows over by its vocabulary string, and score again.
 
@@ -29,7 +30,7 @@ from ..errors import JobCancelled
 from ..init import NewRows, RowInitializer
 from ..rows import attach
 from .attribution import TokenEffect, token_effects
-from .plan import MAX_SELECTION_ROUNDS
+from .plan import MAX_SELECTION_ROUNDS, ROUNDS_REMOVING_ALL_HARMFUL
 from .validation import ValidationSet
 
 
@@ -90,7 +91,10 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
             rebuilt, still_kept = None, []
             gone = {unit.name: "the last round was still above the base model" for unit in kept_units}
         else:
-            rebuilt, still_kept, gone = choose_removals(kept_units, unit_effects, rebuild)
+            # the last rounds before the final one remove what exposes an intermediate too
+            exposure_checked = number < max_rounds - ROUNDS_REMOVING_ALL_HARMFUL
+            rebuilt, still_kept, gone = choose_removals(kept_units, unit_effects, rebuild,
+                                                        current=current if exposure_checked else None)
         tokens_of = {unit.name: unit.tokens for unit in kept_units}
         removed += [{"term": name, "tokens": list(tokens_of[name]), "round": number, "reason": reason,
                      **unit_effects[name].to_json()} for name, reason in gone.items()]
@@ -103,11 +107,15 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
     return Selection(None, None, [], removed, rounds, {})
 
 
-def choose_removals(units: list[Unit], effects: dict[str, "_UnitEffect"], rebuild: Callable[[list[Unit]], object]
-                    ) -> tuple[object | None, list[Unit], dict[str, str]]:
+def choose_removals(units: list[Unit], effects: dict[str, "_UnitEffect"], rebuild: Callable[[list[Unit]], object],
+                    *, current=None) -> tuple[object | None, list[Unit], dict[str, str]]:
     """Which units a round removes: (the tokenizer rebuilt without them, the units kept, {name:
     reason} of those removed). The first of these that removes anything:
-    1. the units with a harmful net effect that occur in the validation text;
+    1. the units with a harmful net effect that occur in the validation text; given the `current`
+       tokenizer, not those whose text the rebuild would cut into a new token that stays (an
+       intermediate a kept unit needs), unless every harmful unit is such a one: the attribution
+       prices a removal as a return to the base's pieces, and an intermediate left where the unit
+       stood was never trained there;
     2. where each of those is a step of kept units' merges (rebuilt without it, it comes back):
        it together with the units built on it, where together they cost more than they save
        (removing every such group whatever it saved took 14 words the attribution credited with
@@ -119,6 +127,11 @@ def choose_removals(units: list[Unit], effects: dict[str, "_UnitEffect"], rebuil
     seen = [unit for unit in units if effects[unit.name].net_bits > 0 and effects[unit.name].occurrences > 0]
     harmful = {unit.name: _reason(effects[unit.name]) for unit in seen}
     rebuilt, kept, gone = _remove(units, harmful, rebuild)
+    if current is not None and rebuilt is not None and gone:
+        exposing = _exposing([unit for unit in units if unit.name in gone], current, rebuilt)
+        if exposing and len(exposing) < len(gone):
+            harmful = {name: reason for name, reason in harmful.items() if name not in exposing}
+            rebuilt, kept, gone = _remove(units, harmful, rebuild)
     if gone or not kept:
         return rebuilt, kept, gone
     group_bits = {unit.name: effects[unit.name].net_bits for unit in seen}
@@ -138,6 +151,20 @@ def choose_removals(units: list[Unit], effects: dict[str, "_UnitEffect"], rebuil
         if gone or not kept:
             return rebuilt, kept, gone
     return rebuilt, kept, gone
+
+
+def _exposing(removed: list[Unit], current, rebuilt) -> set[str]:
+    """The removed units whose text `rebuilt` cuts into a new token (not back into the base's
+    pieces): removing them would leave an intermediate where they stood."""
+    text_of = {token.token: token.text for token in current.new_tokens}
+    found = set()
+    for unit in removed:
+        for token in unit.tokens:
+            ids = rebuilt.tokenizer(text_of[token], add_special_tokens=False)["input_ids"]
+            if any(i >= rebuilt.base_vocab_size for i in ids):
+                found.add(unit.name)
+                break
+    return found
 
 
 def _remove(units: list[Unit], reasons: dict[str, str], rebuild: Callable[[list[Unit]], object]
