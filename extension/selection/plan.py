@@ -62,6 +62,8 @@ class ValidationPlan:
     def due(self, step: int) -> bool:
         """Score after `step` steps? (step 0 = before training)"""
         return step == 0 or step == self.steps or step % self.every == 0
+
+
 # A harmful unit whose text the rebuild without it would cut into an intermediate token that
 # stays (another kept unit is built on it) is not removed in the early rounds: the attribution
 # prices a removal as a return to the base's pieces, and the intermediate, trained only where it
