@@ -121,12 +121,16 @@ def test_generation_reports_progress_in_the_job(client, auth, jobs):
     counted = [(step, total) for step, total in seen if total]
     assert counted and all(total == contexts for _step, total in counted), seen
     steps = [step for step, _total in counted]
-    assert steps == sorted(steps) and len(set(steps)) >= 2, f"progress did not move while generating: {seen}"
+    assert steps == sorted(steps), seen
     events = _events(client, auth, jobs["done"]["id"])
     stages = [e["payload"]["stage"] for e in events if e["kind"] == "stage"]
     assert stages[:5] == ["load", "extend", "init", "generate", "train"], stages
     generating = [e["payload"] for e in events if e["kind"] == "progress" and e["payload"].get("unit") == "contexts"]
     assert generating and all(p["total"] == contexts for p in generating)
+    # It moved: the job resource showed the stage at its first count, and its last count (every
+    # context written) is always kept as an event. Between them the job row is written at most
+    # twice a second, so on a fast machine every batch can land between two polls.
+    assert steps[0] < contexts and generating[-1]["step"] == contexts, f"progress did not move while generating: {seen}"
     scoring = [e["payload"] for e in events if e["kind"] == "progress" and e["payload"].get("unit") == "chunks"]
     assert scoring and scoring[-1]["step"] == scoring[-1]["total"]  # evaluation reports progress too
 
