@@ -89,7 +89,8 @@ def selection_sentence(metrics: dict, *, style: str = "cli") -> str | None:
 
 def _harmful_kept(selection: dict) -> str:
     """' N of the kept tokens cost more bits than they save ...' where the last round measured
-    some (selection removes only what the model needs to be below the base), else ''."""
+    some (selection stops once the model is below the base, and its early rounds keep a harmful
+    token whose removal would leave an intermediate in its place), else ''."""
     costly = sum(1 for effect in (selection.get("effects") or {}).values()
                  if effect.get("net_bits", 0) > 0 and effect.get("occurrences", 0) > 0)
     if not costly:
