@@ -29,7 +29,12 @@ Systems (one process, one after the other, torch seed 0 before each):
   ours_keep_all     the same with selection "none" (every mined token, the last step) -- optional
   ours_init:NAME    ours with the option init=NAME (a peer start for the rows: subword_mean_norm, Nemotron's
                     norm-corrected mean; distill, AweDist's input distillation before training; issue 26)
-  ours:KEY=VALUE    ours with one product option set (e.g. ours:distill_contexts=4): a peer for one default
+  ours:KEY=VALUE[+KEY=VALUE...]
+                    ours with product options set (e.g. ours:distill_contexts=4, or
+                    ours:distill_contexts=2+steps=150): a peer for one default, or for a budget split
+  composed_start    the CPU job as issue 26 found it: composed rows (no input distillation), 100 steps.
+                    Every other ours row's CPU time is judged against it (issue 26 allows 1.5x); older
+                    files used ours_init:composition, the same job while 100 steps was the CPU default
   ours_bf16         ours on the bf16 copy of the built-in model (see --dtype), in the same run as the fp32
                     rows: its own "before" is the bf16 base's; judged against it and against ours (issue 23)
   terms_only[:INIT] the product's terms-only job (the API's main door): the terms mining finds on the train
@@ -79,7 +84,7 @@ DOMAINS = {
     "foldoc": "English computing dictionary (dict-foldoc)",
 }
 CHOSEN_ON = {"es", "foldoc"}  # where today's defaults were chosen
-SYSTEMS = ("ours", "ours_keep_all", "ours_bf16", "terms_only", "trainable_tokens")
+SYSTEMS = ("ours", "ours_keep_all", "ours_bf16", "composed_start", "terms_only", "trainable_tokens")
 ZH_FILES = ("chinese", "song100", "tang300")
 RESULTS = REPO / "benchmarks" / "results"
 DEVICE_DEFAULTS = {o.name: dict(o.device_defaults) for o in OPTIONS if o.device_defaults}  # {"steps": {"cuda": 400}}
@@ -341,7 +346,7 @@ def combine(parts: list[dict]) -> dict:
     # A system rerun in its own process (after a crash) replaces the crashed row.
     ran = {r["system"] for r in rows if not r.get("error", "").startswith("crashed")}
     rows = [r for r in rows if not (r.get("error", "").startswith("crashed") and r["system"] in ran)]
-    with_ours = [p for p in parts if any(r["system"].startswith("ours") and r["published"] for r in p["rows"])]
+    with_ours = [p for p in parts if any(is_product(r["system"]) and r["published"] for r in p["rows"])]
     first = (with_ours or parts)[0]
     offered = next((p["offered_tokens_per_byte"] for p in parts if p["offered_tokens_per_byte"] is not None), None)
     return {**first, "rows": rows, "offered_tokens_per_byte": offered,
@@ -441,7 +446,7 @@ def main() -> None:
         spec = ExtendSpec(base_model=base_model, allow_local_paths=True, out_dir=str(work / "ours"), corpus_path=corpus,
                           corpus_name=args.domain, eval_max_bytes=args.eval_bytes, steps=args.steps,
                           mining_unit=args.mining_unit)
-        variants = {"ours": {}, "ours_keep_all": {"selection": "none"}}
+        variants = {"ours": {}, "ours_keep_all": {"selection": "none"}, "composed_start": COMPOSED_START}
         variants.update({name: {"init": name.split(":", 1)[1]} for name in systems if name.startswith("ours_init:")})
         variants.update({name: option_setting(name) for name in systems if name.startswith("ours:")})
         if "ours_bf16" in systems:
@@ -522,23 +527,35 @@ def from_job(args) -> dict:
 
 
 def option_setting(system: str) -> dict:
-    """{option: value} from a system named ours:KEY=VALUE, checked as the product checks options."""
-    key, sep, text = system.split(":", 1)[1].partition("=")
-    option = BY_NAME.get(key)
-    if not sep or option is None:
-        raise ValueError("write ours:<option>=<value> with an option of extension.options")
-    value = option.kind(text)
-    option.check(value)
-    return {key: value}
+    """{option: value, ...} from a system named ours:KEY=VALUE[+KEY=VALUE...], each checked as the
+    product checks options."""
+    settings = {}
+    for part in system.split(":", 1)[1].split("+"):
+        key, sep, text = part.partition("=")
+        option = BY_NAME.get(key)
+        if not sep or option is None:
+            raise ValueError("write ours:<option>=<value>[+<option>=<value>...] with options of extension.options")
+        value = option.kind(text)
+        option.check(value)
+        settings[key] = value
+    return settings
 
 
-PREVIOUS_DEFAULT = "ours_init:composition"  # the default start before input distillation (issue 26)
+def is_product(system: str) -> bool:
+    """A row of the product's own job (any ours variant, or the composed start it is timed against)."""
+    return system.startswith("ours") or system == "composed_start"
+
+
+# The job as issue 26 found it on a CPU, the reference its time bound (1.5x) is measured against.
+COMPOSED_START = {"init": "composition", "steps": 100}
+# Older results files ran it as ours_init:composition, while 100 steps was the CPU default.
+PREVIOUS_DEFAULTS = ("composed_start", "ours_init:composition")
 
 
 def _time_verdicts(rows: list[dict]) -> list[str]:
     """Each other ours row's job time against the previous default's in the same run (CPU time
     where both have it: runs made side by side share the cores, so their wall times are not)."""
-    before = next((r for r in rows if r["system"] == PREVIOUS_DEFAULT), None)
+    before = next((r for r in rows if r["system"] in PREVIOUS_DEFAULTS), None)
     if before is None:
         return []
     verdicts = []
@@ -548,7 +565,7 @@ def _time_verdicts(rows: list[dict]) -> list[str]:
         kind = "cpu_seconds" if r.get("cpu_seconds") and before.get("cpu_seconds") else "seconds"
         ratio = r[kind] / before[kind]
         who = "" if r["system"] == "ours" else f"{r['system']}: "
-        verdicts.append(f"- {who}job {'CPU' if kind == 'cpu_seconds' else 'wall'} time at most 1.5x {PREVIOUS_DEFAULT}'s: "
+        verdicts.append(f"- {who}job {'CPU' if kind == 'cpu_seconds' else 'wall'} time at most 1.5x {before['system']}'s: "
                         f"{r[kind]:.0f} s / {before[kind]:.0f} s = {ratio:.2f}x — {'met' if ratio <= 1.5 else 'NOT met'}")
     return verdicts
 
@@ -574,7 +591,7 @@ def _kept(base_tpb: float, tpb: float, offered: float | None) -> float | None:
 
 def _offered_by_ours(rows: list[dict]) -> float | None:
     """Without a peer that keeps every mined token: a run of ours (any variant) that published every one of them."""
-    return next((r["metrics"]["domain"]["tokens_per_byte"] for r in rows if r["system"].startswith("ours") and r["published"]
+    return next((r["metrics"]["domain"]["tokens_per_byte"] for r in rows if is_product(r["system"]) and r["published"]
                  and not r["removed"] and r["new_tokens"] == r["offered_merges"]), None)
 
 
@@ -624,9 +641,9 @@ def report(result: dict) -> str:
          + (result.get("combine_command") or f"python benchmarks/quality_selection.py --combine ... --out "
                                                 f"benchmarks/results/quality_{domain}.md") + "`."),
         ("Base: the product's own \"before\" scoring of the same text" if any(
-            r["system"].startswith("ours") and r["published"] for r in result["rows"])
+            is_product(r["system"]) and r["published"] for r in result["rows"])
          else "Base: the base model scored by this script" + (" (the product published nothing)" if any(
-             r["system"].startswith("ours") for r in result["rows"]) else ""))
+             is_product(r["system"]) for r in result["rows"]) else ""))
         + (" (each process's base: " + ", ".join(f"{k} process {v:.4f}" for k, v in result["base_evaluations"].items())
            + " domain bits/byte)" if result.get("base_evaluations") else "") + ".",
         "",
@@ -671,7 +688,7 @@ def report(result: dict) -> str:
             dom, gen, tpb = bd["bits_per_byte"], bg["bits_per_byte"], bd["tokens_per_byte"]
         kept = _kept(bd["tokens_per_byte"], tpb, offered)
         notes = []
-        if r["system"].startswith("ours") and r["published"]:
+        if is_product(r["system"]) and r["published"]:
             s = r["selection"]
             if r.get("init", {}).get("distillation"):
                 distilled = r["init"]["distillation"]
