@@ -304,6 +304,8 @@ def _ours_row(name: str, outcome: dict | None, failure: dict, seconds: float) ->
         removed_by_round=_removal_kinds(selection.get("removed") or []),
         rounds=[{k: r[k] for k in ("round", "new_tokens", "bits_per_byte", "base_bits_per_byte", "margin_bits_per_byte")}
                 for r in selection.get("rounds") or []],
+        restores=[{k: r[k] for k in ("offered", "kept", "new_tokens", "bits_per_byte", "base_bits_per_byte", "margin_bits_per_byte")}
+                  for r in selection.get("restores") or []],
         counts=ext.get("counts"), stage_seconds=outcome["stage_seconds"],
         init={k: v for k, v in (ext.get("init") or {}).items() if k in ("method", "distillation")},
     )
@@ -699,6 +701,11 @@ def report(result: dict) -> str:
                 notes.append(f"validation {s['validation_share'] * 100:.1f}% of training time")
             if r["rounds"]:
                 notes.append(f"{len(r['rounds'])} selection round(s), {r['removed']} term(s) removed")
+            if r.get("restores"):
+                tries = r["restores"]
+                back = sum(t["offered"] for t in tries if t["kept"])
+                verdicts = ", ".join(str(t["offered"]) + (" kept" if t["kept"] else " refused") for t in tries)
+                notes.append(f"{back} removed term(s) brought back in {len(tries)} tr{'y' if len(tries) == 1 else 'ies'} ({verdicts})")
             if r.get("removed_by_round"):
                 notes.append("removed: " + "; ".join(f"round {n} " + ", ".join(f"{c} {k}" for k, c in kinds.items())
                                                      for n, kinds in r["removed_by_round"].items()))

@@ -69,15 +69,20 @@ def selection_sentence(metrics: dict, *, style: str = "cli") -> str | None:
     if not rounds or "kept" not in selection:
         return None
     offered, kept = rounds[0]["new_tokens"], selection["kept"]
-    first, last = rounds[0], rounds[-1]
+    restored = [r for r in selection.get("restores") or [] if r["kept"]]
+    # the published tokens: the passing round's, or the last batch of removed tokens brought back
+    first, last = rounds[0], (restored or rounds)[-1]
     base = first.get("base_tokens_per_byte")
     if kept == offered:
         words = f"Term selection kept all {offered} new tokens offered"
         if base and "tokens_per_byte" in first:
             words += f": the validation text is {_shorter(first['tokens_per_byte'], base):.1%} shorter in tokens"
         return words + "." + _harmful_kept(selection)
-    words = (f"Term selection kept {kept} of the {offered} new tokens offered ({offered - kept} removed in "
-             f"{len(rounds)} round{'s' if len(rounds) != 1 else ''})")
+    back = sum(r["offered"] for r in restored)
+    words = (f"Term selection kept {kept} of the {offered} new tokens offered ({offered - kept + back} removed in "
+             f"{len(rounds)} round{'s' if len(rounds) != 1 else ''}"
+             + (f", then {back} of them brought back, as the model stayed below the base model with them" if back else "")
+             + ")")
     if base and "tokens_per_byte" in first and "tokens_per_byte" in last:
         offered_saving, kept_saving = _shorter(first["tokens_per_byte"], base), _shorter(last["tokens_per_byte"], base)
         words += (f": the validation text is {kept_saving:.1%} shorter in tokens where all {offered} would have made it "

@@ -209,6 +209,80 @@ def test_a_harmful_term_is_removed_and_the_tokenizer_stays_valid(smollm2, smollm
                 assert torch.equal(carried.input[k], means.input[k])
 
 
+def test_removed_terms_are_offered_back_least_harmful_per_use_first_and_stay_only_where_the_verdict_holds(
+        smollm2, smollm2_tokenizer, spanish_corpus):
+    """Issue 26: a round removes every harmful unit at once and can overshoot; once the verdict
+    passes, restore_units offers the removed ones back in halving batches, ranked by the harm per
+    use measured when they went. A batch stays only where both halves of the validation text
+    still read below the base; a refused batch leaves the selection as it was."""
+    from extension.selection.terms import Selection, restore_units
+
+    train = list(train_documents(spanish_corpus))
+    terms = _frequent_split_words(smollm2_tokenizer, train, 8)
+    extended = extend_tokenizer(smollm2_tokenizer, terms)
+    rows = subword_mean_rows(smollm2, extended.new_tokens, extended.base_vocab_size)
+    victim = terms[0]  # read as twice " de", the commonest word: far above the base wherever it is used
+    de = smollm2_tokenizer(" de", add_special_tokens=False)["input_ids"][0]
+    for k in (i - extended.base_vocab_size for i in next(t for t in extended.terms if t.term == victim).forms.values()):
+        rows.input[k] = 2 * smollm2.get_input_embeddings().weight[de].detach()
+    validation = build_validation(smollm2, smollm2_tokenizer, list(split_documents(spanish_corpus, "validation")),
+                                  source="corpus validation split", max_bytes=8_000)
+    units = term_units(extended)
+    rebuild = terms_rebuilder(smollm2_tokenizer, max_term_chars=64)
+    kept_units = [unit for unit in units if unit.name not in terms[:3]]
+    current = rebuild(kept_units)
+    current_rows, index = carry_rows(smollm2, extended, rows, current)
+    # what a round would have recorded: the victim costs the most per use, terms[1] the least
+    per_use = {victim: 900.0, terms[1]: 1.0, terms[2]: 3.0}
+    removed = [{"term": name, "round": 1, "reason": "costs", "occurrences": 2, "net_bits": 2 * per_use[name]} for name in terms[:3]]
+    removed.append({"term": "never seen", "round": 1, "reason": "never used", "occurrences": 0, "net_bits": -1.0})
+    chosen = Selection(current, current_rows, index, [dict(entry) for entry in removed],
+                       [{"round": 1, "new_tokens": len(extended.new_tokens)}])
+    before = (chosen.extended, chosen.rows, list(chosen.kept_index))
+
+    restore_units(chosen, smollm2, extended, rows, validation, units=units, kept_units=kept_units, rebuild=rebuild,
+                  pad_to_multiple_of=64, tries=3)
+
+    # batches halve (2 of the 3 used units, then 1), the least harmful per use first; never-used units are not offered
+    assert [t["offered"] for t in chosen.restores][:2] == [2, 1]
+    decide, judge = validation.folds()
+    base_decide, base_judge = validation.base_fold(decide), validation.base_fold(judge)
+    back: list[str] = []
+    for number, attempt in enumerate(chosen.restores):
+        assert attempt["base_bits_per_byte"] == pytest.approx(base_judge.bits_per_byte)
+        assert attempt["decided_on_base_bits_per_byte"] == pytest.approx(base_decide.bits_per_byte)
+        verdict = (attempt["bits_per_byte"] + attempt["margin_bits_per_byte"] <= attempt["base_bits_per_byte"]
+                   and attempt["decided_on_bits_per_byte"] <= attempt["decided_on_base_bits_per_byte"])
+        assert attempt["kept"] == verdict
+        if attempt["kept"]:
+            back += [terms[1], terms[2]][len(back):len(back) + attempt["offered"]]
+    assert victim not in back
+    kept_terms = {term.term for term in chosen.extended.terms}
+    assert kept_terms == {unit.name for unit in kept_units} | set(back)
+    assert {entry["term"] for entry in chosen.removed} == {entry["term"] for entry in removed} - set(back)
+    if not back:  # every batch refused: nothing about the selection changed
+        assert (chosen.extended, chosen.rows, chosen.kept_index) == before
+    # every token of a kept or restored term keeps the row it was trained to, by vocabulary string
+    trained = {token.token: k for k, token in enumerate(extended.new_tokens)}
+    for k, token in enumerate(chosen.extended.new_tokens):
+        if chosen.kept_index[k] >= 0:
+            assert chosen.kept_index[k] == trained[token.token]
+            assert torch.equal(chosen.rows.input[k], rows.input[trained[token.token]])
+    sentence = selection_sentence({"selection": {**chosen.to_json(), "kept": len(chosen.kept_index)}})
+    assert ("brought back" in sentence) == bool(back)
+
+
+def test_the_selection_sentence_counts_the_terms_brought_back():
+    rounds = [{"new_tokens": 300, "tokens_per_byte": 0.30, "base_tokens_per_byte": 0.37},
+              {"new_tokens": 207, "tokens_per_byte": 0.33, "base_tokens_per_byte": 0.37}]
+    restores = [{"offered": 47, "kept": True, "tokens_per_byte": 0.32}, {"offered": 23, "kept": False, "tokens_per_byte": 0.315}]
+    sentence = selection_sentence({"selection": {"rounds": rounds, "restores": restores, "kept": 254}})
+    assert sentence.startswith("Term selection kept 254 of the 300 new tokens offered (93 removed in 2 rounds, then 47 "
+                               "of them brought back, as the model stayed below the base model with them)")
+    # the saving is the published tokens' (the kept batch), not the refused batch's
+    assert "the validation text is 13.5% shorter in tokens where all 300 would have made it 18.9% shorter" in sentence
+
+
 # --- through the door: best step 0 publishes the init; the report says what happened ----------
 
 

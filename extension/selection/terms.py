@@ -13,6 +13,11 @@ token where they stood), rebuild the tokenizer from the base with what is kept (
 intermediates no kept token needs go too, and the kept ids are renumbered without holes), carry
 each kept token's trained rows over by its vocabulary string, and score again.
 
+A round that removes every harmful unit at once overshoots: the attribution cannot tell the
+units that cost little per use from those that cost much once they are all gone. So once the
+verdict passes, the removed units are offered back (restore_units), least harmful per use first,
+in halving batches, each kept only where the model stays below the base on both halves.
+
 A unit's net effect is what the attribution places on its tokens plus, per use, an even share of
 the change it cannot place (`unexplained_bits_per_use`). Which units go in a round:
 choose_removals. If the last round is still above the base, nothing is kept.
@@ -30,7 +35,7 @@ from ..errors import JobCancelled
 from ..init import NewRows, RowInitializer
 from ..rows import attach
 from .attribution import TokenEffect, token_effects
-from .plan import MAX_SELECTION_ROUNDS, ROUNDS_REMOVING_ALL_HARMFUL
+from .plan import MAX_RESTORE_TRIES, MAX_SELECTION_ROUNDS, ROUNDS_REMOVING_ALL_HARMFUL
 from .validation import ValidationSet
 
 
@@ -51,16 +56,17 @@ class Selection:
     removed: list[dict] = field(default_factory=list)
     rounds: list[dict] = field(default_factory=list)
     effects: dict[str, dict] = field(default_factory=dict)  # unit name -> measured effect (last scoring)
+    restores: list[dict] = field(default_factory=list)  # each try at bringing removed units back
 
     def to_json(self) -> dict:
-        return {"rounds": self.rounds, "removed": self.removed,
+        return {"rounds": self.rounds, "removed": self.removed, "restores": self.restores,
                 "kept": len(self.kept_index), "effects": self.effects}
 
 
 def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, units: list[Unit],
                  rebuild: Callable[[list[Unit]], object], pad_to_multiple_of: int,
                  max_rounds: int = MAX_SELECTION_ROUNDS, should_cancel: Callable[[], bool] | None = None,
-                 initial_rows: RowInitializer | None = None) -> Selection:
+                 initial_rows: RowInitializer | None = None, restore_tries: int = MAX_RESTORE_TRIES) -> Selection:
     current, current_rows = extended, rows
     kept_units = list(units)
     kept_index = list(range(len(extended.new_tokens)))
@@ -75,14 +81,14 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
         unit_effects = _unit_effects(kept_units, current, effects, per_use)
         margin = standard_error(judged, base_judge)
         rounds.append({"round": number, "new_tokens": len(current.new_tokens), "units": len(kept_units),
-                       "bits_per_byte": judged.bits_per_byte, "base_bits_per_byte": base_judge.bits_per_byte,
-                       "margin_bits_per_byte": margin, "decided_on_bits_per_byte": score.bits_per_byte,
-                       "decided_on_base_bits_per_byte": base_decide.bits_per_byte, "unexplained_bits_per_use": per_use,
-                       # the whole validation text (both folds): what the tokens kept this round save in length
-                       "tokens_per_byte": (score.tokens + judged.tokens) / (score.bytes + judged.bytes),
-                       "base_tokens_per_byte": validation.base.tokens / validation.base.bytes})
+                       **_scores(score, judged, margin, base_decide, base_judge, validation), "unexplained_bits_per_use": per_use})
         if judged.bits_per_byte + margin <= base_judge.bits_per_byte:
-            return Selection(current, current_rows, kept_index, removed, rounds, _effects_json(unit_effects))
+            chosen = Selection(current, current_rows, kept_index, removed, rounds, _effects_json(unit_effects))
+            if removed and restore_tries:
+                restore_units(chosen, model, extended, rows, validation, units=units, kept_units=kept_units,
+                              rebuild=rebuild, pad_to_multiple_of=pad_to_multiple_of, tries=restore_tries,
+                              should_cancel=should_cancel, initial_rows=initial_rows)
+            return chosen
         if should_cancel is not None and should_cancel():
             # A stop, not a verdict: returning "nothing kept" here would fail the job as if no
             # term paid, when the user cancelled (or the worker lost its lease).
@@ -105,6 +111,61 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
         kept_index = [kept_index[i] if i >= 0 else -1 for i in index]
         current = rebuilt
     return Selection(None, None, [], removed, rounds, {})
+
+
+def restore_units(chosen: Selection, model, original, original_rows: NewRows, validation: ValidationSet, *,
+                  units: list[Unit], kept_units: list[Unit], rebuild: Callable[[list[Unit]], object], pad_to_multiple_of: int,
+                  tries: int, should_cancel: Callable[[], bool] | None = None,
+                  initial_rows: RowInitializer | None = None) -> None:
+    """Offer removed units back to a `chosen` selection that passed, in place. Least harmful per
+    use first (by the effect measured when each was removed), the first half of them, then half
+    as many each try, at most `tries` scorings. A batch stays where the judging half is still
+    below the base by its margin and the deciding half is not above the base: the same verdict
+    as a removal round's, plus the half the batch was ranked on, so a batch that only the judging
+    half liked does not stay. Restored tokens get their trained rows back by vocabulary string."""
+    removed = {entry["term"]: entry for entry in chosen.removed}
+    # never used in the validation text: nothing there says they save anything
+    candidates = sorted((unit for unit in units if unit.name in removed and removed[unit.name]["occurrences"] > 0),
+                        key=lambda unit: removed[unit.name]["net_bits"] / removed[unit.name]["occurrences"])
+    decide, judge = validation.folds()
+    base_decide, base_judge = validation.base_fold(decide), validation.base_fold(judge)
+    batch = (len(candidates) + 1) // 2
+    for _ in range(tries):
+        if not candidates or batch == 0:
+            return
+        if should_cancel is not None and should_cancel():
+            raise JobCancelled("cancelled during term selection, while offering removed terms back")
+        trial = candidates[:batch]
+        rebuilt = rebuild(kept_units + trial)
+        present = {token.token for token in rebuilt.new_tokens}
+        trial = [unit for unit in trial if all(token in present for token in unit.tokens)]
+        rows, index = carry_rows(model, original, original_rows, rebuilt, initial_rows)
+        score, judged = _score(model, rebuilt, rows, validation, pad_to_multiple_of, decide, judge)
+        margin = standard_error(judged, base_judge)
+        kept = (judged.bits_per_byte + margin <= base_judge.bits_per_byte
+                and score.bits_per_byte <= base_decide.bits_per_byte)
+        chosen.restores.append({"offered": len(trial), "kept": kept, "new_tokens": len(rebuilt.new_tokens),
+                                **_scores(score, judged, margin, base_decide, base_judge, validation)})
+        if kept:
+            names = {unit.name for unit in trial}
+            effects = token_effects(score, base_decide, first_new_id=rebuilt.base_vocab_size, num_new=len(rebuilt.new_tokens))
+            kept_units = kept_units + trial
+            chosen.extended, chosen.rows, chosen.kept_index = rebuilt, rows, index
+            chosen.removed = [entry for entry in chosen.removed if entry["term"] not in names]
+            chosen.effects = _effects_json(_unit_effects(kept_units, rebuilt, effects,
+                                                         unexplained_bits_per_use(score, base_decide, effects)))
+            candidates = candidates[len(trial):]
+        batch //= 2
+
+
+def _scores(score, judged, margin: float, base_decide, base_judge, validation: ValidationSet) -> dict:
+    """What a round (or a restore try) scored on each half of the validation text, and how short
+    its tokens make the whole of it."""
+    return {"bits_per_byte": judged.bits_per_byte, "base_bits_per_byte": base_judge.bits_per_byte,
+            "margin_bits_per_byte": margin, "decided_on_bits_per_byte": score.bits_per_byte,
+            "decided_on_base_bits_per_byte": base_decide.bits_per_byte,
+            "tokens_per_byte": (score.tokens + judged.tokens) / (score.bytes + judged.bytes),
+            "base_tokens_per_byte": validation.base.tokens / validation.base.bytes}
 
 
 def choose_removals(units: list[Unit], effects: dict[str, "_UnitEffect"], rebuild: Callable[[list[Unit]], object],
