@@ -704,8 +704,8 @@ def report(result: dict) -> str:
             if r.get("restores"):
                 tries = r["restores"]
                 back = sum(t["offered"] for t in tries if t["kept"])
-                verdicts = ", ".join(str(t["offered"]) + (" kept" if t["kept"] else " refused") for t in tries)
-                notes.append(f"{back} removed term(s) brought back in {len(tries)} tr{'y' if len(tries) == 1 else 'ies'} ({verdicts})")
+                outcomes = ", ".join(str(t["offered"]) + (" kept" if t["kept"] else " refused") for t in tries)
+                notes.append(f"{back} removed term(s) brought back in {len(tries)} tr{'y' if len(tries) == 1 else 'ies'} ({outcomes})")
             if r.get("removed_by_round"):
                 notes.append("removed: " + "; ".join(f"round {n} " + ", ".join(f"{c} {k}" for k, c in kinds.items())
                                                      for n, kinds in r["removed_by_round"].items()))
