@@ -72,7 +72,7 @@ def test_the_default_device_on_a_machine_without_a_gpu_is_cpu(tmp_path, tiny_mod
 
 
 def test_a_job_that_leaves_steps_unset_trains_its_devices_default(tmp_path, tiny_model_dir, cli_cache):
-    """`--steps` left out: 100 on a CPU, 400 on a GPU (extension/options.py), filled in where the
+    """`--steps` left out: 150 on a CPU, 400 on a GPU (extension/options.py), filled in where the
     job runs and recorded with the device that chose it."""
     from extension.options import BY_NAME
 

@@ -1,5 +1,5 @@
 """Options whose default depends on the device the job runs on (`device_defaults` in
-extension/options.py; today training.steps: 100 on a CPU, 400 on a GPU, and
+extension/options.py; today training.steps: 150 on a CPU, 400 on a GPU, and
 training.max_train_seconds: 7200 and 3600). A request leaves them unset; the server's limits and
 the job's progress account for every device its workers may have; the worker fills in its own
 device's default and tide_extension.json says which it used."""
@@ -25,11 +25,11 @@ def test_an_unset_option_takes_the_default_of_the_device():
     unset = ExtendSpec(base_model="m", out_dir="o", terms=["kernel"])
     assert unset.steps is None and unset.max_train_seconds is None
     assert defaults_for_device(unset, "cpu") == {"steps": BY_NAME["steps"].default, "max_train_seconds": 7200} == {
-        "steps": 100, "max_train_seconds": 7200}
+        "steps": 150, "max_train_seconds": 7200}
     assert defaults_for_device(unset, "cuda") == {"steps": 400, "max_train_seconds": 3600}
     assert defaults_for_device(ExtendSpec(base_model="m", out_dir="o", terms=["kernel"], steps=7, max_train_seconds=60),
                                "cuda") == {}
-    assert BY_NAME["steps"].default_text == "100 on a CPU, 400 on a GPU (cuda)"
+    assert BY_NAME["steps"].default_text == "150 on a CPU, 400 on a GPU (cuda)"
     assert BY_NAME["max_train_seconds"].default_text == "7200 on a CPU, 3600 on a GPU (cuda)"
 
 
@@ -65,11 +65,11 @@ def test_a_server_limit_below_a_devices_default_is_named_at_submit(side_client):
     explicit = submit(client, auth, {**body, "training": {"steps": 50}})
     assert explicit.status_code == 202, explicit.text
     assert explicit.json()["progress"]["total"] == 50
-    # CPU workers: the default is 100, within the limit, and the progress total is known at submit
+    # CPU workers: the default is 150, within the limit, and the progress total is known at submit
     client, auth = side_client(max_steps=200, device="cpu")
     accepted = submit(client, auth, body)
     assert accepted.status_code == 202, accepted.text
-    assert accepted.json()["progress"]["total"] == 100 and accepted.json()["request"]["training"]["steps"] is None
+    assert accepted.json()["progress"]["total"] == 150 and accepted.json()["request"]["training"]["steps"] is None
     # "auto" within the limit: which default applies is the worker's to know, so no total yet
     client, auth = side_client(device="auto")
     queued = submit(client, auth, body)
