@@ -135,10 +135,10 @@ def restore_units(chosen: Selection, model, original, original_rows: NewRows, va
             return
         if should_cancel is not None and should_cancel():
             raise JobCancelled("cancelled during term selection, while offering removed terms back")
-        trial = candidates[:batch]
-        rebuilt = rebuild(kept_units + trial)
+        offered = candidates[:batch]
+        rebuilt = rebuild(kept_units + offered)
         present = {token.token for token in rebuilt.new_tokens}
-        trial = [unit for unit in trial if all(token in present for token in unit.tokens)]
+        trial = [unit for unit in offered if all(token in present for token in unit.tokens)]
         rows, index = carry_rows(model, original, original_rows, rebuilt, initial_rows)
         score, judged = _score(model, rebuilt, rows, validation, pad_to_multiple_of, decide, judge)
         margin = standard_error(judged, base_judge)
@@ -154,7 +154,7 @@ def restore_units(chosen: Selection, model, original, original_rows: NewRows, va
             chosen.removed = [entry for entry in chosen.removed if entry["term"] not in names]
             chosen.effects = _effects_json(_unit_effects(kept_units, rebuilt, effects,
                                                          unexplained_bits_per_use(score, base_decide, effects)))
-            candidates = candidates[len(trial):]
+            candidates = candidates[len(offered):]
         batch //= 2
 
 
