@@ -48,6 +48,8 @@ MAX_SELECTION_ROUNDS = 6
 # Why: a round removes every unit the attribution calls harmful at once, and on Chinese (SmolLM2,
 # 150 CPU steps) the one round that removed 93 of 300 tokens took the judging half from 0.031
 # bits per byte above the base to 0.045 below it, where a margin of 0.027 was all the verdict asked.
+# Measured: the Perl manual (100 steps) took back 10 of its 19 removed tokens, 84.4% -> 93.1% of the
+# saving (benchmarks/results/quality_perl_restore.md); Chinese refused every try, at 100 and at 150 steps.
 MAX_RESTORE_TRIES = 3
 
 
