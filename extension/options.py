@@ -170,6 +170,8 @@ OPTIONS: tuple[Option, ...] = (
     # Chosen on Spanish and FOLDOC only (benchmarks/results/init_methods.md: every mined token kept,
     # 100 steps, validation bits per byte vs the base): subword-mean rows +0.80% / +1.32% at the old
     # 1e-4, +0.03% / +0.49% composed; at 8e-4 -2.56% / +0.24% mean, -3.26% / -0.61% composed.
+    # At the current CPU defaults 2e-3 scored worse on Spanish (-5.94% against -7.00%) and Chinese
+    # (60.8% of the saving against 61.5%): quality_{es,zh}_lr2e-3.md.
     Option("lr", float, 8e-4, "base learning rate", 0, 1.0, exclusive_minimum=True),
     Option("embedding_lr_multiplier", float, 5.0, "learning-rate multiplier for the new input rows (sparse gradients)", 0, 100.0, exclusive_minimum=True),
     Option("weight_decay", float, 0.0, "AdamW weight decay on the new rows", 0, 1.0),
