@@ -12,7 +12,7 @@ DEFAULT_TERMS_OBJECTIVE = "distill"
 
 
 def build_training_data(spec, model, extended, callbacks: Callbacks | None = None, *,
-                        sampling: str | None = None, terms_objective: str = DEFAULT_TERMS_OBJECTIVE):
+                        sampling: str = DEFAULT_SAMPLING, terms_objective: str = DEFAULT_TERMS_OBJECTIVE):
     """The objective of a job: corpus windows when there is a corpus, else contexts generated
     by the base model for the terms. Call BEFORE attaching the adapter (generation uses the
     plain base model). Validates the training options against the model."""
@@ -20,8 +20,7 @@ def build_training_data(spec, model, extended, callbacks: Callbacks | None = Non
     config = TrainConfig.from_spec(spec).validate(max_positions=max_positions(model))
     if spec.corpus_path is not None:
         return corpus_windows(spec.corpus_path, extended.tokenizer, base_vocab_size=extended.base_vocab_size,
-                              config=config, text_field=spec.corpus_text_field,
-                              sampling=sampling or getattr(spec, "window_sampling", None) or DEFAULT_SAMPLING)
+                              config=config, sampling=sampling, text_field=spec.corpus_text_field)
     return distill.terms_objective(
         model, extended, config, objective=terms_objective, work_dir=callbacks.work_dir,
         should_cancel=callbacks.should_cancel, hold_out=getattr(spec, "selection", "none") == "validation",

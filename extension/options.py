@@ -163,10 +163,6 @@ OPTIONS: tuple[Option, ...] = (
            "default)", 0, 1_000_000, device_defaults=(("cuda", 400),)),
     Option("batch_size", int, 4, "sequences per training step", 1, 1024),
     Option("seq_len", int, 128, "tokens per training sequence (at most the model's context)", 8, 131_072),
-    Option("window_sampling", str, "centred",
-           "how a corpus job picks its training windows: 'centred' on occurrences of new tokens, 'balanced' "
-           "centred with rare tokens centred more often (count ** 0.5), 'sequential' in corpus order, 'mixed' half "
-           "centred and half sequential", choices=("centred", "balanced", "sequential", "mixed")),
     # Chosen on Spanish and FOLDOC only (benchmarks/results/init_methods.md: every mined token kept,
     # 100 steps, validation bits per byte vs the base): subword-mean rows +0.80% / +1.32% at the old
     # 1e-4, +0.03% / +0.49% composed; at 8e-4 -2.56% / +0.24% mean, -3.26% / -0.61% composed.

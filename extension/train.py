@@ -38,12 +38,7 @@ STOP_REASONS = ("steps", "time_budget", "validation_stalled", "cancelled")
 # Settings that say when to stop, not what a step computes: a checkpoint made under other values is
 # still this run's, so a job resumed with a bigger budget continues.
 _NOT_IN_RUN_KEY = ("checkpoint_every", "max_train_seconds", "validation_patience")
-SAMPLING_MODES = ("centred", "balanced", "sequential", "mixed")
-# "balanced": a new id is a window's centre in proportion to its count ** BALANCE_POWER rather than
-# to its count, the temperature sampling multilingual pretraining uses for rare languages (XLM-R's
-# 0.3, mT5's 0.3): a frequent token is still read in most windows around others, while a rare one,
-# whose row the budget would otherwise barely train, is centred several times.
-BALANCE_POWER = 0.5
+SAMPLING_MODES = ("centred", "sequential", "mixed")
 # Chosen by measurement on SmolLM2 + FOLDOC (benchmarks/results/window_sampling.md): centred
 # windows reached in 16 steps a held-out quality sequential windows had not reached in 48, for
 # +0.02% general-text bits per byte. Terms-only: distillation keeps general text closest to the
@@ -371,8 +366,6 @@ class TokenWindows:
     sampling="sequential": consecutive windows in stream order (wrapping around).
     sampling="centred": each window is centred (with jitter) on an occurrence of a new id, so
     every window trains the new rows on both sides: predicting the token and reading it.
-    sampling="balanced": centred, but an id is a centre in proportion to count ** BALANCE_POWER
-    (each window's centre drawn independently, from the step's own seed, so resuming is exact).
     sampling="mixed": half of each batch centred, half sequential — general text keeps teaching
     the output rows where the new tokens should NOT be predicted.
     """
@@ -396,9 +389,6 @@ class TokenWindows:
         self.occurrences = torch.nonzero(tokens >= base_vocab_size).flatten()
         self.sampling = sampling if len(self.occurrences) else "sequential"
         self.windows = (tokens.numel() - 1) // self.body  # sequential windows per pass
-        counts = torch.bincount(tokens[self.occurrences]) if len(self.occurrences) else torch.zeros(0)
-        # per occurrence, so that an id's share of the draws is count ** BALANCE_POWER
-        self.occurrence_weights = counts[tokens[self.occurrences]].double() ** (BALANCE_POWER - 1)
         self._cached_order: tuple[int, torch.Tensor | None] = (-1, None)
 
     def fingerprint(self) -> str:
@@ -433,18 +423,7 @@ class TokenWindows:
             starts.append(min(max(start, 0), self.tokens.numel() - self.body))
         return starts
 
-    def _balanced_starts(self, step: int, count: int) -> list[int]:
-        drawn = torch.multinomial(self.occurrence_weights, count, replacement=True, generator=self._generator(step, 3))
-        jitter = torch.randint(-(self.body // 4), self.body // 4 + 1, (count,), generator=self._generator(step, 1))
-        starts = []
-        for slot, shift in zip(drawn.tolist(), jitter.tolist()):
-            start = int(self.occurrences[slot]) - self.body // 2 + shift
-            starts.append(min(max(start, 0), self.tokens.numel() - self.body))
-        return starts
-
     def starts(self, step: int) -> list[int]:
-        if self.sampling == "balanced":
-            return self._balanced_starts(step, self.batch_size)
         if self.sampling == "sequential":
             return self._sequential_starts(step, self.batch_size)
         if self.sampling == "centred":

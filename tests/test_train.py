@@ -196,28 +196,6 @@ def test_windows_are_a_function_of_the_step():
     assert no_new.sampling == "sequential"
 
 
-def test_balanced_windows_centre_rare_tokens_more_often_than_their_count():
-    """One new id occurs 400 times, another 4 times: centred windows pick the rare one about 1
-    time in 100, balanced ones sqrt(4) : sqrt(400) = 1 time in 11; a window is a function of
-    its step, so a resumed job reads the same batches."""
-    g = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, BASE_VOCAB, (40_000,), generator=g)
-    tokens[torch.arange(50, 40_000, 100)[:400]] = BASE_VOCAB
-    tokens[torch.tensor([5_025, 15_025, 25_025, 35_025])] = BASE_VOCAB + 1
-
-    def rare_share(sampling):
-        windows = TokenWindows(tokens, base_vocab_size=BASE_VOCAB, batch_size=8, seq_len=32, sampling=sampling)
-        batches = torch.cat([windows.batch(step) for step in range(200)])
-        assert (batches[:, 8:26] >= BASE_VOCAB).any(dim=1).all()
-        return (batches == BASE_VOCAB + 1).any(dim=1).float().mean().item()
-
-    assert rare_share("centred") < 0.03 and 0.06 < rare_share("balanced") < 0.14
-    balanced = TokenWindows(tokens, base_vocab_size=BASE_VOCAB, batch_size=8, seq_len=32, sampling="balanced")
-    again = TokenWindows(tokens, base_vocab_size=BASE_VOCAB, batch_size=8, seq_len=32, sampling="balanced")
-    assert torch.equal(balanced.batch(11), again.batch(11)) and not torch.equal(balanced.batch(11), balanced.batch(12))
-    assert balanced.fingerprint() != TokenWindows(tokens, base_vocab_size=BASE_VOCAB, batch_size=8, seq_len=32).fingerprint()
-
-
 def test_window_prefix_is_prepended():
     tokens = _stream()
     data = TokenWindows(tokens, base_vocab_size=BASE_VOCAB, batch_size=2, seq_len=16, sampling="sequential", prefix=[1])
