@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -136,6 +137,13 @@ class Settings(BaseSettings):
         description="none: the whole model on TIDE_DEVICE. auto, balanced or sequential: accelerate spreads the frozen base "
         "model over every GPU this worker sees, then CPU memory, for models bigger than one GPU (give the worker several "
         "GPUs and route those models to its queue, docs/deploy.md); or a JSON object {module: cuda:N | cpu | disk}",
+    )
+
+    precision: Literal["auto", "checkpoint"] = Field(
+        DEFAULTS["precision"],
+        description="What a job's frozen base model computes in: auto (bf16 where this worker's device computes it in "
+        "hardware: a GPU that supports it, a CPU with AMX or AVX-512 BF16; else the checkpoint's dtype) or checkpoint "
+        "(always the checkpoint's dtype). The published weights are the checkpoint's own either way",
     )
 
     @field_validator("device")

@@ -50,10 +50,11 @@ def _request_hash(request: ExtendRequest) -> str:
 
 def steps_on_worker(request: ExtendRequest, settings: Settings) -> list[int]:
     """The training steps this job can run: as asked, else the default of the workers' device
-    (the TIDE_DEVICE setting; with "auto" each worker decides, so any device's default)."""
+    (the TIDE_DEVICE and TIDE_PRECISION settings; where each worker's device decides, any of its
+    defaults)."""
     if request.training.steps is not None:
         return [request.training.steps]
-    return BY_NAME["steps"].defaults_for_setting(settings.device)
+    return BY_NAME["steps"].defaults_for_setting(settings.device, settings.precision)
 
 
 def _known_total(steps: list[int]) -> int:

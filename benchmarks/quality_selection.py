@@ -32,7 +32,8 @@ Systems (one process, one after the other, torch seed 0 before each):
   ours:KEY=VALUE[+KEY=VALUE...]
                     ours with product options set (e.g. ours:distill_contexts=4, or
                     ours:distill_contexts=2+steps=150): a peer for one default, or for a budget split
-  composed_start    the CPU job as issue 26 found it: composed rows (no input distillation), 100 steps.
+  composed_start    the CPU job as issue 26 found it: composed rows (no input distillation), 100 steps,
+                    computed in the checkpoint's fp32 (precision 'checkpoint').
                     Every other ours row's CPU time is judged against it (issue 26 allows 1.5x); older
                     files used ours_init:composition, the same job while 100 steps was the CPU default
   ours_bf16         ours on the bf16 copy of the built-in model (see --dtype), in the same run as the fp32
@@ -74,6 +75,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 
 import quality  # noqa: E402
+from extension.devices import resolve_placement  # noqa: E402
 from extension.options import BY_NAME, DEFAULTS, OPTIONS, defaults_for_device  # noqa: E402
 
 DOMAINS = {
@@ -88,6 +90,9 @@ SYSTEMS = ("ours", "ours_keep_all", "ours_bf16", "composed_start", "terms_only",
 ZH_FILES = ("chinese", "song100", "tang300")
 RESULTS = REPO / "benchmarks" / "results"
 DEVICE_DEFAULTS = {o.name: dict(o.device_defaults) for o in OPTIONS if o.device_defaults}  # {"steps": {"cuda": 400}}
+# Which of the CPU defaults this machine's jobs take: 'cpu_bf16' where the CPU computes bf16 in
+# hardware (the jobs then compute in bf16, precision 'auto'), else 'cpu'.
+CPU_KIND = resolve_placement("cpu").defaults_kind
 DTYPES = ("float32", "bfloat16")
 BF16_COPY = "smollm2-135m-bf16"  # the folder under the cache holding the bf16 copy of the built-in model
 
@@ -332,8 +337,10 @@ def _result(args, command: str, data: dict, base: dict | None, rows: list[dict],
     if offered is None:
         offered = next((r["metrics"]["domain"]["tokens_per_byte"] for r in rows if r["system"] == "ours_keep_all" and r["published"]), None)
     return {"domain": args.domain, "command": command, "eval_bytes": args.eval_bytes, "steps": args.steps, "dtype": args.dtype,
-            "defaults": {k: DEFAULTS[k] for k in ("max_new_tokens", "min_frequency", "steps", "batch_size", "seq_len", "lr",
-                                                   "embedding_lr_multiplier", "selection", "mining_unit")},
+            "defaults": {**{k: DEFAULTS[k] for k in ("max_new_tokens", "min_frequency", "batch_size", "seq_len", "lr",
+                                                      "embedding_lr_multiplier", "selection", "mining_unit")},
+                         "steps": BY_NAME["steps"].default_on(CPU_KIND)},
+            "cpu_kind": CPU_KIND,
             "device_defaults": DEVICE_DEFAULTS,
             "mining_unit": args.mining_unit,
             "data": data, "base": base, "offered_tokens_per_byte": offered, "rows": rows,
@@ -372,8 +379,8 @@ def main() -> None:
     parser.add_argument("--systems", default="ours,trainable_tokens", help=f"comma-separated, from {', '.join(SYSTEMS)}")
     parser.add_argument("--eval-bytes", type=int, default=20_000,
                         help="test-split bytes scored, and general-English bytes (product default 50000)")
-    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"],
-                        help=f"default: the CPU's default; {BY_NAME['steps'].default_on('cuda')} is a GPU worker's default "
+    parser.add_argument("--steps", type=int, default=BY_NAME["steps"].default_on(CPU_KIND),
+                        help=f"default: this CPU's default ({CPU_KIND}); {BY_NAME['steps'].default_on('cuda')} is a GPU worker's default "
                              "(run on this CPU, it measures what a GPU job trains); other values for smoke runs only")
     parser.add_argument("--mining-unit", choices=BY_NAME["mining_unit"].choices, default=DEFAULTS["mining_unit"],
                         help="for comparing the mining units before choosing the default (default: the product's)")
@@ -549,7 +556,7 @@ def is_product(system: str) -> bool:
 
 
 # The job as issue 26 found it on a CPU, the reference its time bound (1.5x) is measured against.
-COMPOSED_START = {"init": "composition", "steps": 100}
+COMPOSED_START = {"init": "composition", "steps": 100, "precision": "checkpoint"}
 # Older results files ran it as ours_init:composition, while 100 steps was the CPU default.
 PREVIOUS_DEFAULTS = ("composed_start", "ours_init:composition")
 
@@ -655,7 +662,9 @@ def report(result: dict) -> str:
         f"{result['data']['documents']['validation']:,} / {result['data']['documents']['test']:,} "
         f"({result['data']['bytes']['train']:,} / {result['data']['bytes']['validation']:,} / "
         f"{result['data']['bytes']['test']:,} bytes), split by the product's hash (extension.corpus.split_of). "
-        + ("Model: SmolLM2-135M-Instruct, fp32, CPU. " if dtype == "float32" else
+        + (("Model: SmolLM2-135M-Instruct, fp32, CPU. " if result.get("cpu_kind", "cpu") == "cpu" else
+            "Model: SmolLM2-135M-Instruct, fp32 checkpoint computed in bf16 (precision 'auto' on this CPU, which "
+            "computes bf16 in hardware; the new rows train in fp32; composed_start: fp32), CPU. ") if dtype == "float32" else
            f"Model: SmolLM2-135M-Instruct, {dtype} (a {dtype} copy of the built-in checkpoint, given to the job as a "
            f"local folder: the job and its \"before\" scoring run in {dtype}; the new rows train in fp32), CPU. ")
         + f"Product defaults: up to {d['max_new_tokens']} mined tokens "

@@ -8,8 +8,9 @@ raises InvalidOptionError naming the option when a value is malformed or names a
 not there.
 
 Every stage then follows the model: the model is loaded straight onto the device in its compute
-dtype (bf16 on a GPU that supports it, else the checkpoint's own dtype; never an fp32 detour
-through the CPU), and generation, training, evaluation and padding calibration run where the
+dtype (`precision` 'auto': bf16 where the device computes it natively, a GPU that supports it or
+a CPU with AMX or AVX-512 BF16, else the checkpoint's own dtype; never an fp32 detour through the
+CPU; the published weights are always the checkpoint's own), and generation, training, evaluation and padding calibration run where the
 model's input embedding is (the new rows live with it). Batch sizes for generation and
 evaluation come from the device: the CPU keeps the sizes it always had, a GPU gets bigger ones.
 """
@@ -46,15 +47,34 @@ class Placement:
 
     device: torch.device
     device_map: str | dict | None = None
+    precision: str = "auto"  # the option: "auto" (bf16 where native) or "checkpoint"
 
     @property
     def label(self) -> str:
         return str(self.device) if self.device_map is None else f"{self.device} (device_map {_map_label(self.device_map)})"
 
+    @property
+    def native_bf16(self) -> bool:
+        """Does the job compute in bf16 because its device does so natively (precision 'auto')?"""
+        if self.precision != "auto":
+            return False
+        if self.device.type == "cuda":
+            return torch.cuda.is_bf16_supported()
+        return self.device.type == "cpu" and cpu_computes_bf16()
+
+    @property
+    def defaults_kind(self) -> str:
+        """Which of an option's device defaults the job takes (options.Option.device_defaults):
+        'cuda', 'cpu_bf16' (a CPU computing in bf16: its steps cost about 0.57x an fp32 step's,
+        benchmarks/results/bf16_step.md) or 'cpu'."""
+        if self.device.type == "cuda":
+            return "cuda"
+        return "cpu_bf16" if self.native_bf16 else "cpu"
+
     def compute_dtype(self, checkpoint: torch.dtype) -> torch.dtype:
-        """bf16 on a GPU that supports it; otherwise the checkpoint's own dtype (CPU jobs run as
-        they always did, in the dtype the weights are stored in)."""
-        if self.device.type == "cuda" and torch.cuda.is_bf16_supported():
+        """bf16 where the device computes it natively (precision 'auto'); otherwise the
+        checkpoint's own dtype. Only floating checkpoints are cast."""
+        if self.native_bf16 and checkpoint.is_floating_point:
             return torch.bfloat16
         return checkpoint
 
@@ -94,8 +114,15 @@ def _check_cuda(name: str, value: str, index: int) -> None:
         )
 
 
-def resolve_placement(device: str = "auto", device_map: str = "none") -> Placement:
-    """The job's placement from its two options, checked against this machine."""
+def cpu_computes_bf16() -> bool:
+    """Does this CPU multiply bf16 matrices in hardware (AMX tiles or AVX-512 BF16)? Elsewhere
+    torch emulates bf16 on the CPU, slower than fp32."""
+    probes = (getattr(torch.cpu, "_is_amx_tile_supported", None), getattr(torch.cpu, "_is_avx512_bf16_supported", None))
+    return any(probe is not None and bool(probe()) for probe in probes)
+
+
+def resolve_placement(device: str = "auto", device_map: str = "none", precision: str = "auto") -> Placement:
+    """The job's placement from its options, checked against this machine."""
     problem = device_problem(device)
     if problem:
         raise InvalidOptionError(option="device", problem=problem)
@@ -112,7 +139,7 @@ def resolve_placement(device: str = "auto", device_map: str = "none") -> Placeme
         for value in set(mapping.values()):
             if value.startswith("cuda"):
                 _check_cuda("device_map", value, int(value.partition(":")[2]))
-    return Placement(device=resolved, device_map=mapping)
+    return Placement(device=resolved, device_map=mapping, precision=precision)
 
 
 # -- what a checkpoint holds ------------------------------------------------------------------

@@ -64,8 +64,8 @@ def corpus_label(spec) -> str:
 def plan_inputs(spec) -> JobPlan:
     """The options, the output folder and the corpus checked, and the one device decision."""
     validate_spec(spec)
-    placement = resolve_placement(spec.device, spec.device_map)
-    device_defaults = defaults_for_device(spec, placement.device.type)
+    placement = resolve_placement(spec.device, spec.device_map, spec.precision)
+    device_defaults = defaults_for_device(spec, placement.defaults_kind)
     spec = replace(spec, **device_defaults)
     check_output_dir(spec.out_dir, force=spec.force)
     documents = 0
@@ -93,7 +93,7 @@ def plan_model(plan: JobPlan, sources: ModelSources) -> JobPlan:
     dtype = plan.placement.compute_dtype(stored)
     eval_tokens = eval_batch_tokens_for(plan.placement.device, config, dtype)
     memory = plan_for_spec(spec, config, placement=plan.placement, dtype=dtype, eval_batch_tokens=eval_tokens,
-                           model_path=model_path)
+                           model_path=model_path, stored_dtype=stored)
     check_plan(memory, base_model=spec.base_model, batch_size=spec.batch_size, seq_len=spec.seq_len)
     return replace(plan, resolved=resolved, tokenizer=tokenizer, config=config, stored_dtype=stored, compute_dtype=dtype,
                    memory=memory, eval_batch_tokens=eval_tokens, max_shard_bytes=shard_limit(model_path))

@@ -23,7 +23,9 @@ What is counted (bytes, on the job's device):
 - evaluation (not at the same time as training): its batch's transient activations and two
   slices of fp32 logits;
 - resizing the vocabulary at the end: the new embedding (and head, when untied) while the old one
-  still exists;
+  still exists; on the CPU, when the job computes in another dtype than the checkpoint's (bf16 on
+  an AMX CPU), publishing loads the checkpoint's own weights beside the computing copy and
+  resizes those instead;
 - CUDA only: CUDA_CONTEXT_BYTES for the context, cuBLAS workspaces and allocator slack.
 
 The total is compared with what the device has free (torch.cuda.mem_get_info; on the CPU
@@ -124,7 +126,7 @@ def _element_size(dtype: torch.dtype) -> int:
 
 def plan_job(config, *, placement: Placement, dtype: torch.dtype, batch_size: int, seq_len: int, steps: int,
              new_rows: int, parameters: int | None = None, available: int | None = None,
-             eval_batch_tokens: int = 4096) -> MemoryPlan:
+             eval_batch_tokens: int = 4096, stored_dtype: torch.dtype | None = None) -> MemoryPlan:
     """The memory plan of a job on `placement` (see the module docstring). `available` overrides
     what the device reports (tests, and callers that reserve part of it)."""
     text = _text_config(config)
@@ -158,6 +160,11 @@ def plan_job(config, *, placement: Placement, dtype: torch.dtype, batch_size: in
     evaluation = int(eval_batch_tokens * (6 * hidden + 3 * inner) * element + 2 * min(EVAL_LOGIT_ELEMENTS, eval_batch_tokens * vocab) * 4)
     parts["evaluation"] = evaluation
     resize = (vocab + new_rows + 64) * hidden * element * (1 if tied else 2)
+    if placement.device.type == "cpu" and stored_dtype is not None and stored_dtype != dtype:
+        stored = _element_size(stored_dtype)  # pipeline._publishable: the checkpoint's copy, resized
+        resize = parameters * stored + (vocab + new_rows + 64) * hidden * stored * (1 if tied else 2)
+        notes.append(f"publishing loads the checkpoint's {str(stored_dtype).removeprefix('torch.')} weights beside "
+                     f"the {str(dtype).removeprefix('torch.')} ones the job computes in")
     parts["vocabulary_resize"] = resize
     workspace = CUDA_CONTEXT_BYTES if placement.device.type == "cuda" else 0
     if workspace:
@@ -173,13 +180,13 @@ def plan_job(config, *, placement: Placement, dtype: torch.dtype, batch_size: in
 
 
 def plan_for_spec(spec, config, *, placement: Placement, dtype: torch.dtype, eval_batch_tokens: int = 4096,
-                  available: int | None = None, model_path=None) -> MemoryPlan:
+                  available: int | None = None, model_path=None, stored_dtype: torch.dtype | None = None) -> MemoryPlan:
     """plan_job for a job's options. New rows are bounded before the tokenizer is extended: a
     given term makes at most ROWS_PER_TERM entries, a mined corpus at most max_new_tokens."""
     new_rows = len(spec.terms) * ROWS_PER_TERM if spec.terms else spec.max_new_tokens
     return plan_job(config, placement=placement, dtype=dtype, batch_size=spec.batch_size, seq_len=spec.seq_len,
                     steps=spec.steps, new_rows=new_rows, eval_batch_tokens=eval_batch_tokens, available=available,
-                    parameters=estimate_parameters(config, model_path))
+                    parameters=estimate_parameters(config, model_path), stored_dtype=stored_dtype)
 
 
 def available_memory(placement: Placement) -> int:

@@ -34,8 +34,8 @@ class Option:
     api_name: str | None = None  # field name inside its group (default: name)
     flag: str | None = None  # CLI flag (default: --name-with-dashes)
     choices: tuple[str, ...] | None = None  # str options: the accepted values (instead of a length range)
-    # Where the best default depends on the machine that runs the job: (device type, default)
-    # pairs, e.g. (("cuda", 400),); `default` holds on every other device. Such an option stays
+    # Where the best default depends on the machine that runs the job: (device kind, default)
+    # pairs, e.g. (("cuda", 400),); kinds: devices.Placement.defaults_kind ('cuda', 'cpu_bf16'); `default` holds on every other device. Such an option stays
     # unset (None) in requests and specs until the job knows its device (`defaults_for_device`).
     device_defaults: tuple[tuple[str, Any], ...] = ()
 
@@ -47,11 +47,16 @@ class Option:
     def default_on(self, device_type: str) -> Any:
         return dict(self.device_defaults).get(device_type, self.default)
 
-    def defaults_for_setting(self, device: str) -> list[Any]:
-        """The defaults a job can get under a device setting (auto, cpu, cuda, cuda:N): with
-        auto, each worker's own device decides, so any of them."""
+    def defaults_for_setting(self, device: str, precision: str = "auto") -> list[Any]:
+        """The defaults a job can get under a device setting (auto, cpu, cuda, cuda:N) and a
+        precision setting: with device auto, each worker's own device decides; with cpu and
+        precision auto, whether the worker's CPU computes bf16 in hardware decides."""
+        kinds = dict(self.device_defaults)
+        cpu = {self.default, kinds.get("cpu_bf16", self.default)} if precision == "auto" else {self.default}
         if device == "auto":
-            return sorted({self.default, *(value for _kind, value in self.device_defaults)})
+            return sorted(cpu | {value for kind, value in kinds.items() if kind != "cpu_bf16"})
+        if device == "cpu":
+            return sorted(cpu)
         return [self.default_on(device.split(":")[0])]
 
     @property
@@ -106,7 +111,7 @@ class Option:
             raise InvalidOptionError(option=self.name, problem=problem)
 
 
-_DEVICE_WORDS = {"cuda": "a GPU (cuda)"}
+_DEVICE_WORDS = {"cuda": "a GPU (cuda)", "cpu_bf16": "a CPU that computes bf16 in hardware (AMX or AVX-512 BF16; precision auto)"}
 
 
 def _is_number(value: Any, *, integer: bool) -> bool:
@@ -160,7 +165,7 @@ OPTIONS: tuple[Option, ...] = (
     # the saving); at 100 FOLDOC and the Perl manual keep 22 and 21. A CPU takes 150 (with 2
     # distillation contexts per token, above): 400 take four times as long there.
     Option("steps", int, 150, "optimizer steps over the new rows (0: initialise them only; unset: the device's "
-           "default)", 0, 1_000_000, device_defaults=(("cuda", 400),)),
+           "default)", 0, 1_000_000, device_defaults=(("cpu_bf16", 250), ("cuda", 400))),
     Option("batch_size", int, 4, "sequences per training step", 1, 1024),
     Option("seq_len", int, 128, "tokens per training sequence (at most the model's context)", 8, 131_072),
     # Chosen on Spanish and FOLDOC only (benchmarks/results/init_methods.md: every mined token kept,
@@ -197,6 +202,13 @@ OPTIONS: tuple[Option, ...] = (
     # only place that knows whether a GPU is there.
     Option("device", str, "auto", f"device every stage runs on: {', '.join(DEVICES)} (auto: the worker's GPU, cuda:0, "
            "when it has one, else cpu) (on the service: the TIDE_DEVICE setting)", 1, 16, api_group=None),
+    # bf16 on these CPUs (AMX): a SmolLM2 training step in 0.57x the fp32 step's time
+    # (benchmarks/results/bf16_step.md), which buys the CPU's bf16 steps default above.
+    Option("precision", str, "auto", "what the frozen base model computes in: 'auto': bf16 where the device computes "
+           "it in hardware (a GPU that supports it, a CPU with AMX or AVX-512 BF16), else the checkpoint's own dtype; "
+           "'checkpoint': always the checkpoint's own dtype (slower on those devices). The published weights are the "
+           "checkpoint's own either way (on the service: the TIDE_PRECISION setting)", choices=("auto", "checkpoint"),
+           api_group=None),
     Option("device_map", str, "none", "spread the frozen base model over several devices with accelerate: none (all of it "
            f"on --device), {', '.join(DEVICE_MAP_STRATEGIES)} (accelerate's strategies over every visible GPU, then CPU "
            f"memory), or a JSON object {{module: device}} (devices: {', '.join(MAP_DEVICES)}) (on the service: the "

@@ -193,7 +193,7 @@ def _publish(plan: JobPlan, model, vocabulary: "NewVocabulary", metrics: dict, i
         # corpus_path is where the file lay on the machine that ran the job: corpus_name says which corpus it was
         "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force", "corpus_path"}},
         # the options the job left to its device, and what that device made them
-        "device_defaults": {"device": plan.placement.device.type, "options": plan.device_defaults},
+        "device_defaults": {"device": plan.placement.defaults_kind, "options": plan.device_defaults},
         "init": vocabulary.init,
         "trained_steps": steps_done,
         "training": {k: v for k, v in metrics["training"].items() if k != "history"},

@@ -48,7 +48,8 @@ def _metrics(out_dir: Path) -> dict:
 
 
 def test_extend_device_cpu_records_cpu_for_every_stage(tmp_path, tiny_model_dir, cli_cache):
-    assert _extend(tmp_path, tiny_model_dir, "terms", "--device", "cpu") == 0
+    # precision 'checkpoint': the checkpoint's fp32 whatever this CPU does in bf16
+    assert _extend(tmp_path, tiny_model_dir, "terms", "--device", "cpu", "--precision", "checkpoint") == 0
     recorded = _metrics(tmp_path / "terms")["devices"]
     assert set(recorded) == TERMS_JOB_STAGES
     assert {stage: info["device"] for stage, info in recorded.items()} == {stage: "cpu" for stage in TERMS_JOB_STAGES}
@@ -58,7 +59,8 @@ def test_extend_device_cpu_records_cpu_for_every_stage(tmp_path, tiny_model_dir,
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n\n".join(foldoc_documents(300, skip=50)))
     # a random tiny model's mined tokens cannot be relied on to pay: every term is kept, devices are the point
-    assert _extend(tmp_path, tiny_model_dir, "corpus", "--device", "cpu", "--keep-all-terms", terms=None, corpus=corpus) == 0
+    assert _extend(tmp_path, tiny_model_dir, "corpus", "--device", "cpu", "--precision", "checkpoint", "--keep-all-terms",
+                   terms=None, corpus=corpus) == 0
     recorded = _metrics(tmp_path / "corpus")["devices"]
     assert set(recorded) == CORPUS_JOB_STAGES
     assert all(info["device"] == "cpu" for info in recorded.values())
@@ -82,7 +84,7 @@ def test_a_job_that_leaves_steps_unset_trains_its_devices_default(tmp_path, tiny
                  "--batch-size", "2", "--seq-len", "32", "--eval-bytes", "1000", "--checkpoint-every", "0"]) == 0
     extension = json.loads((tmp_path / "out" / "tide_extension.json").read_text())
     device = extension["device_defaults"]["device"]
-    assert device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert device == ("cuda" if torch.cuda.is_available() else "cpu_bf16" if devices.cpu_computes_bf16() else "cpu")
     steps = BY_NAME["steps"].default_on(device)
     assert extension["device_defaults"]["options"] == {"steps": steps, "max_train_seconds": BY_NAME["max_train_seconds"].default_on(device)}
     assert extension["spec"]["steps"] == extension["trained_steps"] == _metrics(tmp_path / "out")["training"]["steps"] == steps
@@ -129,10 +131,14 @@ def test_cuda_device_numbers_are_checked_against_the_visible_gpus(monkeypatch):
 
 def test_a_gpu_job_loads_straight_onto_the_gpu_in_bf16(monkeypatch):
     """What from_pretrained is asked for: the device as the device map and bf16 (on a GPU with
-    bf16), so the weights never sit on the CPU in fp32 first. The CPU keeps the checkpoint's dtype."""
+    bf16), so the weights never sit on the CPU in fp32 first. A CPU without bf16 in hardware, or
+    precision 'checkpoint', keeps the checkpoint's dtype."""
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     gpu = Placement(torch.device("cuda:1"))
     assert gpu.load_kwargs(torch.float32) == {"dtype": torch.bfloat16, "device_map": {"": "cuda:1"}}
+    assert Placement(torch.device("cuda:1"), precision="checkpoint").load_kwargs(torch.float32) == {
+        "dtype": torch.float32, "device_map": {"": "cuda:1"}}
+    monkeypatch.setattr(devices, "cpu_computes_bf16", lambda: False)
     assert Placement(torch.device("cpu")).load_kwargs(torch.float32) == {"dtype": "auto"}
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
     assert gpu.load_kwargs(torch.float16) == {"dtype": torch.float16, "device_map": {"": "cuda:1"}}
@@ -177,8 +183,9 @@ def test_a_model_spread_with_a_device_map_trains_evaluates_and_publishes_the_sam
     """accelerate's offload as the split a CPU-only machine can make: layer 1 lives on disk and is
     brought in for each forward (and kept for the backward). The job gives the same rows and the
     same numbers as the job with the whole model in memory, and publishes the source weights."""
-    assert _extend(tmp_path, tiny_model_dir, "whole", "--device", "cpu") == 0
-    assert _extend(tmp_path, tiny_model_dir, "split", "--device", "cpu", "--device-map", json.dumps(SPLIT)) == 0
+    exact = ("--precision", "checkpoint")  # the split's dtype checked below is the checkpoint's
+    assert _extend(tmp_path, tiny_model_dir, "whole", "--device", "cpu", *exact) == 0
+    assert _extend(tmp_path, tiny_model_dir, "split", "--device", "cpu", "--device-map", json.dumps(SPLIT), *exact) == 0
     whole, split = _metrics(tmp_path / "whole"), _metrics(tmp_path / "split")
     assert split["devices"]["load"] == {"device": "cpu+disk", "dtype": "float32", "main": "cpu"}
     assert split["devices"]["train"]["device"] == "cpu+disk"
@@ -322,3 +329,31 @@ def test_checking_the_device_settings_does_not_import_torch():
             "import app.main; assert 'torch' not in sys.modules, 'torch was imported'")
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_cpu_that_computes_bf16_in_hardware_runs_jobs_in_bf16_and_takes_its_own_steps_default(monkeypatch):
+    """precision 'auto' on an AMX / AVX-512 BF16 CPU: the job computes in bf16 (its steps cost
+    about 0.57x an fp32 step's) and takes the steps default of such a CPU; 'checkpoint' keeps
+    the checkpoint's dtype and the plain CPU default."""
+    from extension.options import BY_NAME, defaults_for_device
+    from extension.spec import ExtendSpec
+
+    monkeypatch.setattr(devices, "cpu_computes_bf16", lambda: True)
+    fast = resolve_placement("cpu")
+    assert (fast.defaults_kind, fast.compute_dtype(torch.float32)) == ("cpu_bf16", torch.bfloat16)
+    assert fast.load_kwargs(torch.float32) == {"dtype": torch.bfloat16}
+    exact = resolve_placement("cpu", precision="checkpoint")
+    assert (exact.defaults_kind, exact.compute_dtype(torch.float32)) == ("cpu", torch.float32)
+    spec = ExtendSpec(base_model="smollm2-135m", out_dir="/tmp/x", terms=["a"])
+    assert defaults_for_device(spec, fast.defaults_kind)["steps"] == BY_NAME["steps"].default_on("cpu_bf16")
+    assert defaults_for_device(spec, exact.defaults_kind)["steps"] == BY_NAME["steps"].default == 150
+    assert BY_NAME["steps"].default_on("cpu_bf16") > 150
+    monkeypatch.setattr(devices, "cpu_computes_bf16", lambda: False)
+    assert resolve_placement("cpu").defaults_kind == "cpu"
+    assert resolve_placement("cpu").compute_dtype(torch.float32) == torch.float32
+
+
+def test_precision_is_checked_and_named_by_its_flag(tmp_path, tiny_model_dir, cli_cache, capsys):
+    assert _extend(tmp_path, tiny_model_dir, "out", "--precision", "fp8") == 2
+    assert "error (--precision): --precision must be one of 'auto', 'checkpoint', got 'fp8'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

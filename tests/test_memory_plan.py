@@ -42,6 +42,22 @@ def test_the_plan_counts_weights_activations_loss_rows_and_evaluation():
     assert half.parts["weights"] == parameters * 2 and "training_activations" not in half.parts
 
 
+def test_a_cpu_job_computing_in_bf16_counts_the_checkpoint_copy_it_publishes():
+    """bf16 on an AMX CPU, fp32 checkpoint: publishing loads the fp32 weights beside the bf16
+    ones and resizes those (pipeline._publishable), so the plan's last phase holds both."""
+    parameters = memory_plan.count_parameters(SMOLLM2)
+    same = plan_job(SMOLLM2, placement=CPU, dtype=torch.bfloat16, batch_size=4, seq_len=128, steps=10, new_rows=300,
+                    available=64 * GIB, parameters=parameters)
+    mixed = plan_job(SMOLLM2, placement=CPU, dtype=torch.bfloat16, batch_size=4, seq_len=128, steps=10, new_rows=300,
+                     available=64 * GIB, parameters=parameters, stored_dtype=torch.float32)
+    resized = (49152 + 300 + 64) * 576
+    assert same.parts["vocabulary_resize"] == resized * 2
+    assert mixed.parts["vocabulary_resize"] == parameters * 4 + resized * 4
+    assert mixed.parts["weights"] == parameters * 2
+    assert mixed.needed == mixed.parts["weights"] + mixed.parts["vocabulary_resize"] > same.needed
+    assert any("publishing loads the checkpoint's float32 weights" in note for note in mixed.notes)
+
+
 def test_a_batch_that_does_not_fit_is_refused_naming_batch_size_seq_len_and_what_fits():
     plan = plan_job(SMOLLM2, placement=CPU, dtype=torch.float32, batch_size=64, seq_len=2048, steps=10,
                     new_rows=300, available=8 * GIB)

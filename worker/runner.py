@@ -151,6 +151,7 @@ def build_spec(job: Job, corpus: StoredFile | None, settings: Settings) -> Exten
         max_term_chars=settings.max_term_chars,
         device=settings.device,
         device_map=settings.device_map,
+        precision=settings.precision,
         allow_local_paths=False,
         force=True,  # the folder is this job's own; a takeover republishes over a half-finished attempt
     )

@@ -1,5 +1,6 @@
 """Options whose default depends on the device the job runs on (`device_defaults` in
-extension/options.py; today training.steps: 150 on a CPU, 400 on a GPU, and
+extension/options.py; today training.steps: 150 on a CPU, 250 on a CPU that computes bf16 in
+hardware (precision auto), 400 on a GPU, and
 training.max_train_seconds: 7200 and 3600). A request leaves them unset; the server's limits and
 the job's progress account for every device its workers may have; the worker fills in its own
 device's default and tide_extension.json says which it used."""
@@ -11,6 +12,7 @@ import json
 import pytest
 import torch
 
+from extension.devices import cpu_computes_bf16
 from extension.options import BY_NAME, defaults_for_device
 from extension.spec import ExtendSpec
 
@@ -27,9 +29,15 @@ def test_an_unset_option_takes_the_default_of_the_device():
     assert defaults_for_device(unset, "cpu") == {"steps": BY_NAME["steps"].default, "max_train_seconds": 7200} == {
         "steps": 150, "max_train_seconds": 7200}
     assert defaults_for_device(unset, "cuda") == {"steps": 400, "max_train_seconds": 3600}
+    assert defaults_for_device(unset, "cpu_bf16") == {"steps": 250, "max_train_seconds": 7200}
     assert defaults_for_device(ExtendSpec(base_model="m", out_dir="o", terms=["kernel"], steps=7, max_train_seconds=60),
                                "cuda") == {}
-    assert BY_NAME["steps"].default_text == "150 on a CPU, 400 on a GPU (cuda)"
+    assert BY_NAME["steps"].default_text == ("150 on a CPU, 250 on a CPU that computes bf16 in hardware (AMX or AVX-512 "
+                                             "BF16; precision auto), 400 on a GPU (cuda)")
+    assert BY_NAME["steps"].defaults_for_setting("cpu") == [150, 250]
+    assert BY_NAME["steps"].defaults_for_setting("cpu", "checkpoint") == [150]
+    assert BY_NAME["steps"].defaults_for_setting("auto", "checkpoint") == [150, 400]
+    assert BY_NAME["steps"].defaults_for_setting("cuda:1") == [400]
     assert BY_NAME["max_train_seconds"].default_text == "7200 on a CPU, 3600 on a GPU (cuda)"
 
 
@@ -65,8 +73,9 @@ def test_a_server_limit_below_a_devices_default_is_named_at_submit(side_client):
     explicit = submit(client, auth, {**body, "training": {"steps": 50}})
     assert explicit.status_code == 202, explicit.text
     assert explicit.json()["progress"]["total"] == 50
-    # CPU workers: the default is 150, within the limit, and the progress total is known at submit
-    client, auth = side_client(max_steps=200, device="cpu")
+    # CPU workers computing in the checkpoint's dtype: the default is 150, within the limit, and
+    # the progress total is known at submit
+    client, auth = side_client(max_steps=200, device="cpu", precision="checkpoint")
     accepted = submit(client, auth, body)
     assert accepted.status_code == 202, accepted.text
     assert accepted.json()["progress"]["total"] == 150 and accepted.json()["request"]["training"]["steps"] is None
@@ -74,6 +83,10 @@ def test_a_server_limit_below_a_devices_default_is_named_at_submit(side_client):
     client, auth = side_client(device="auto")
     queued = submit(client, auth, body)
     assert queued.status_code == 202 and queued.json()["progress"]["total"] == 0
+    # CPU workers with precision auto: the worker's CPU decides (150, or 250 computing bf16 in hardware)
+    client, auth = side_client(max_steps=200, device="cpu")
+    message = assert_error(submit(client, auth, body), 422, "training.steps", "invalid_option")["message"]
+    assert "can be 250" in message and "at most 200" in message
 
 
 @pytest.mark.slow
@@ -83,7 +96,8 @@ def test_a_job_without_steps_trains_its_devices_default_and_says_so(client, auth
     assert response.status_code == 202, response.text
     job = wait_for_status(client, auth, response.json()["id"], {"succeeded", "failed"}, timeout=600, worker=worker)
     assert job["status"] == "succeeded", job
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # the worker's device setting is "auto"
+    # the worker's device and precision settings are "auto"
+    device = "cuda" if torch.cuda.is_available() else "cpu_bf16" if cpu_computes_bf16() else "cpu"
     steps = BY_NAME["steps"].default_on(device)
     assert job["request"]["training"]["steps"] is None
     assert job["progress"]["step"] == job["progress"]["total"] == job["metrics"]["training"]["steps"] == steps
