@@ -319,7 +319,8 @@ def test_training_that_hurts_publishes_the_init_and_reports_it(cli_env, tmp_path
 
     terms = tmp_path / "terms.txt"
     terms.write_text("multiprogramming\nmicrokernel\n")
-    extension = _extend(tmp_path / "chosen", "--terms", str(terms))
+    # precision 'checkpoint': the published rows are compared with ones remade from the fp32 checkpoint
+    extension = _extend(tmp_path / "chosen", "--terms", str(terms), "--precision", "checkpoint")
     selection = extension["selection"]
     assert selection["mode"] == "validation" and selection["validation"]["source"] == "held-out generated contexts"
     curve = selection["validation_curve"]
