@@ -163,7 +163,11 @@ OPTIONS: tuple[Option, ...] = (
     # 300 mined tokens and all of their saving, and its test bits per byte are lower than at 100
     # everywhere but Chinese (-2.60% against the base vs -3.03%, which kept 163 tokens, 44.7% of
     # the saving); at 100 FOLDOC and the Perl manual keep 22 and 21. A CPU takes 150 (with 2
-    # distillation contexts per token, above): 400 take four times as long there.
+    # distillation contexts per token, above): 400 take four times as long there. A CPU that
+    # computes bf16 in hardware (precision 'auto', devices.Placement.defaults_kind 'cpu_bf16')
+    # steps in about 0.57x the time (benchmarks/results/bf16_step.md), so it takes 250: what
+    # issue 26's 1.5x of the composed start's CPU time allows there with the distillation
+    # (benchmarks/results/quality_<domain>_cpu_bf16.md; at 150 fp32 steps Chinese kept 61.5%).
     Option("steps", int, 150, "optimizer steps over the new rows (0: initialise them only; unset: the device's "
            "default)", 0, 1_000_000, device_defaults=(("cpu_bf16", 250), ("cuda", 400))),
     Option("batch_size", int, 4, "sequences per training step", 1, 1024),
