@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -139,7 +138,7 @@ class Settings(BaseSettings):
         "GPUs and route those models to its queue, docs/deploy.md); or a JSON object {module: cuda:N | cpu | disk}",
     )
 
-    precision: Literal["auto", "checkpoint"] = Field(
+    precision: str = Field(
         DEFAULTS["precision"],
         description="What a job's frozen base model computes in: auto (bf16 where this worker's device computes it in "
         "hardware: a GPU that supports it, a CPU with AMX or AVX-512 BF16; else the checkpoint's dtype) or checkpoint "
@@ -154,6 +153,14 @@ class Settings(BaseSettings):
         problem = device_problem(value)
         if problem:
             raise ValueError(f"TIDE_DEVICE {problem}")
+        return value
+
+    @field_validator("precision")
+    @classmethod
+    def _precision_form(cls, value: str) -> str:
+        problem = BY_NAME["precision"].problem(value)  # the choices live in extension/options.py
+        if problem:
+            raise ValueError(f"TIDE_PRECISION {problem}")
         return value
 
     @field_validator("device_map")

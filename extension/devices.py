@@ -10,8 +10,8 @@ not there.
 Every stage then follows the model: the model is loaded straight onto the device in its compute
 dtype (`precision` 'auto': bf16 where the device computes it natively, a GPU that supports it or
 a CPU with AMX or AVX-512 BF16, else the checkpoint's own dtype; never an fp32 detour through the
-CPU; the published weights are always the checkpoint's own), and generation, training, evaluation and padding calibration run where the
-model's input embedding is (the new rows live with it). Batch sizes for generation and
+CPU; the published weights are always the checkpoint's own), and generation, training,
+evaluation and padding calibration run where the model's input embedding is (the new rows live with it). Batch sizes for generation and
 evaluation come from the device: the CPU keeps the sizes it always had, a GPU gets bigger ones.
 """
 

@@ -35,8 +35,9 @@ class Option:
     flag: str | None = None  # CLI flag (default: --name-with-dashes)
     choices: tuple[str, ...] | None = None  # str options: the accepted values (instead of a length range)
     # Where the best default depends on the machine that runs the job: (device kind, default)
-    # pairs, e.g. (("cuda", 400),); kinds: devices.Placement.defaults_kind ('cuda', 'cpu_bf16'); `default` holds on every other device. Such an option stays
-    # unset (None) in requests and specs until the job knows its device (`defaults_for_device`).
+    # pairs, e.g. (("cuda", 400),), the kinds being devices.Placement.defaults_kind's ('cuda',
+    # 'cpu_bf16'); `default` holds on every other device. Such an option stays unset (None) in
+    # requests and specs until the job knows its device (`defaults_for_device`).
     device_defaults: tuple[tuple[str, Any], ...] = ()
 
     @property

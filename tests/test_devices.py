@@ -221,6 +221,12 @@ def test_the_service_setting_is_checked_when_the_settings_load(monkeypatch):
         Settings()
     monkeypatch.setenv("TIDE_DEVICE_MAP", "balanced")
     assert (Settings().device, Settings().device_map) == ("cuda:0", "balanced")
+    assert Settings().precision == "auto"
+    monkeypatch.setenv("TIDE_PRECISION", "fp32")
+    with pytest.raises(ValidationError, match=r"TIDE_PRECISION must be one of 'auto', 'checkpoint', got 'fp32'"):
+        Settings()
+    monkeypatch.setenv("TIDE_PRECISION", "checkpoint")
+    assert Settings().precision == "checkpoint"
 
 
 def test_the_worker_passes_the_device_settings_to_the_job():
