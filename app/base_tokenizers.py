@@ -24,7 +24,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from extension.errors import TideError
-from extension.models import BUILTIN_MODELS, builtin_tokenizer_dir, resolve_model
+from extension.plan.models import BUILTIN_MODELS, builtin_tokenizer_dir, resolve_model
 
 from .settings import Settings
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from extension.errors import InvalidOptionError, TideError
-from extension.options import option_error_for
+from extension.plan.options import option_error_for
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,7 +32,7 @@ def _run(args: argparse.Namespace) -> int:
     from app.settings import get_settings
     from extension.errors import InvalidOptionError
     from extension.pipeline import run
-    from extension.spec import ExtendSpec
+    from extension.plan.spec import ExtendSpec
     from extension.tokenizer import read_terms_file
 
     from .progress import TerminalProgress

@@ -35,8 +35,8 @@ def register(sub) -> None:
 def _run(args: argparse.Namespace) -> int:
     from app.settings import get_settings
     from extension.mining import MiningFilters, mine_terms
-    from extension.options import check_options
-    from extension.models import load_tokenizer, resolve_model
+    from extension.plan.options import check_options
+    from extension.plan.models import load_tokenizer, resolve_model
 
     check_options(args, MINING_OPTIONS)
     sources = get_settings().model_sources()

@@ -1,10 +1,10 @@
-"""CLI flags for job options, generated from extension.options (defaults, ranges and help live there)."""
+"""CLI flags for job options, generated from extension.plan.options (defaults, ranges and help live there)."""
 
 from __future__ import annotations
 
 import argparse
 
-from extension.options import BY_NAME, OPTIONS
+from extension.plan.options import BY_NAME, OPTIONS
 
 
 def add_option_flags(parser: argparse.ArgumentParser, names: list[str] | None = None) -> None:

@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from extension.errors import TideError
-from extension.options import by_api_path
+from extension.plan.options import by_api_path
 
 log = logging.getLogger("tide.api")
 

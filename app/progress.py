@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from extension.spec import Callbacks
+from extension.plan.spec import Callbacks
 
 
 class TerminalProgress:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from extension.options import OPTIONS, Option
+from extension.plan.options import OPTIONS, Option
 
 JobStatus = Literal["queued", "running", "cancelling", "succeeded", "failed", "cancelled"]
 

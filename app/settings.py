@@ -12,8 +12,8 @@ from pathlib import Path
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from extension.models import SCORE_CACHE_MAX_BYTES, ModelSources
-from extension.options import BY_NAME, DEFAULTS
+from extension.plan.models import SCORE_CACHE_MAX_BYTES, ModelSources
+from extension.plan.options import BY_NAME, DEFAULTS
 
 
 class Settings(BaseSettings):
@@ -125,7 +125,7 @@ class Settings(BaseSettings):
         "(its queue may have no worker)",
     )
 
-    # where a worker runs its jobs (extension/devices.py)
+    # where a worker runs its jobs (extension/plan/devices.py)
     device: str = Field(
         DEFAULTS["device"],
         description="Device every stage of a job runs on: auto (this worker's GPU, cuda:0 of the GPUs the container or "
@@ -148,7 +148,7 @@ class Settings(BaseSettings):
     @field_validator("device")
     @classmethod
     def _device_form(cls, value: str) -> str:
-        from extension.device_options import device_problem
+        from extension.plan.device_options import device_problem
 
         problem = device_problem(value)
         if problem:
@@ -158,7 +158,7 @@ class Settings(BaseSettings):
     @field_validator("precision")
     @classmethod
     def _precision_form(cls, value: str) -> str:
-        problem = BY_NAME["precision"].problem(value)  # the choices live in extension/options.py
+        problem = BY_NAME["precision"].problem(value)  # the choices live in extension/plan/options.py
         if problem:
             raise ValueError(f"TIDE_PRECISION {problem}")
         return value
@@ -166,7 +166,7 @@ class Settings(BaseSettings):
     @field_validator("device_map")
     @classmethod
     def _device_map_form(cls, value: str) -> str:
-        from extension.device_options import device_map_problem
+        from extension.plan.device_options import device_map_problem
 
         problem = device_map_problem(value)
         if problem:

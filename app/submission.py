@@ -16,10 +16,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from extension.corpus import check_corpus
+from extension.plan.corpus import check_corpus
 from extension.errors import InvalidCorpusError, TideError
-from extension.models import BUILTIN_MODELS, resolve_model
-from extension.options import BY_NAME
+from extension.plan.models import BUILTIN_MODELS, resolve_model
+from extension.plan.options import BY_NAME
 
 from .base_tokenizers import BaseTokenizers
 from .db.jobs import add_event, new_job_id

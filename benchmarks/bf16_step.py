@@ -4,8 +4,8 @@ Times, side by side in one run, in fp32 and in bf16:
 - the bare built-in SmolLM2-135M forward + backward (input embeddings as the leaf, every weight
   frozen, batch 4 x 128, as a job's step);
 - the product's own training step on the same model: 300 new rows attached with
-  extension.rows.attach (fp32 rows on the frozen model), `hidden` + the fused row loss +
-  backward + the AdamW step of extension.train, on batch 4 x 128 windows that hold new ids;
+  extension.rows.adapter.attach (fp32 rows on the frozen model), `hidden` + the fused row loss +
+  backward + the AdamW step of extension.training.loop, on batch 4 x 128 windows that hold new ids;
 and writes benchmarks/results/bf16_step.md. A product step much slower in bf16 than in fp32
 would be a cost of TIDE's own bf16 path, not of the hardware.
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
-from extension.models import ModelSources, resolve_model  # noqa: E402
+from extension.plan.models import ModelSources, resolve_model  # noqa: E402
 
 
 def seconds_per_step(path: str, dtype: torch.dtype, ids: torch.Tensor, steps: int) -> float:
@@ -41,9 +41,9 @@ def seconds_per_step(path: str, dtype: torch.dtype, ids: torch.Tensor, steps: in
 
 
 def product_seconds_per_step(path: str, dtype: torch.dtype, ids: torch.Tensor, steps: int, new_rows: int) -> float:
-    from extension.init import NewRows
-    from extension.rows import attach
-    from extension.train import TrainConfig, param_groups
+    from extension.rows.init import NewRows
+    from extension.rows.adapter import attach
+    from extension.training.loop import TrainConfig, param_groups
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
     base = model.get_input_embeddings().weight.shape[0]
@@ -86,7 +86,7 @@ def main() -> int:
         "# SmolLM2-135M forward + backward per step, fp32 and bf16, on this CPU",
         "",
         f"Command: `python benchmarks/bf16_step.py --steps {args.steps} --new-rows {args.new_rows}`; batch 4 x 128, "
-        f"weights frozen. The product's step: {args.new_rows} new fp32 rows attached (extension.rows), hidden states, "
+        f"weights frozen. The product's step: {args.new_rows} new fp32 rows attached (extension.rows.adapter), hidden states, "
         "the fused row loss, backward and the AdamW step.",
         "",
         "| step | dtype | s per step | vs fp32 |",

@@ -2,7 +2,7 @@
 (issue 26, item 3).
 
 A terms-only job first has the base model write short texts around every term
-(extension.distill.generate_texts: sampling, KV cache, left-padded prompts); on a CPU that is the
+(extension.training.term_contexts.generate_texts: sampling, KV cache, left-padded prompts); on a CPU that is the
 slow part of the job. This times that very function on the built-in SmolLM2-135M for a fixed set of
 terms, side by side in one run, at several prompts-per-generate() batch sizes and sampled lengths,
 and reports seconds per context and each setting's ratio to the product's current CPU setting.
@@ -25,8 +25,8 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from extension.distill import generate_texts  # noqa: E402
-from extension.models import ModelSources, resolve_model  # noqa: E402
+from extension.training.term_contexts import generate_texts  # noqa: E402
+from extension.plan.models import ModelSources, resolve_model  # noqa: E402
 from extension.tokenizer import extend_tokenizer  # noqa: E402
 
 # Real multi-piece words from several domains (computing, medicine, Spanish, CMake, Perl), so the
@@ -77,7 +77,7 @@ def main() -> int:
         "Command: `" + " ".join(["python benchmarks/context_writing.py", *sys.argv[1:]]) + "`",
         "",
         f"SmolLM2-135M-Instruct, fp32, CPU, {args.threads} torch thread(s); {len(extended.terms)} terms x "
-        f"{args.per_term} contexts = {contexts} contexts per setting, written by extension.distill.generate_texts "
+        f"{args.per_term} contexts = {contexts} contexts per setting, written by extension.training.term_contexts.generate_texts "
         f"(the job's own function). Ratio: against batch {reference['batch']} x {reference['length']} tokens "
         f"(the product's CPU setting before issue 26: batch {BEFORE[0]}, {BEFORE[1]} tokens), same run.",
         "",

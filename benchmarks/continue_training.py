@@ -26,7 +26,7 @@ restores the same RNG state); batches are tokenized on the fly by each system's 
 drop mined terms, so (c) is built from (a)'s folder rather than by a second `tide extend
 --steps 0`, whose selection would keep other terms), so only the rows and the optimizer state
 differ. Per-token loss is not comparable across tokenizers: each system
-is scored in bits per byte on the same held-out domain text (extension.evaluate.score_documents)
+is scored in bits per byte on the same held-out domain text (extension.evaluation.metrics.score_documents)
 at step K (before and right after the extension) and every few steps up to N. Reported per
 system: the value at K before the extension, the worst value from the extension to N and its
 excess over the value before, the steps until it is back at or below that value, the value at N,
@@ -39,7 +39,7 @@ Targets (issue 10): TIDE's worst value after the extension at most +1% over the 
 Domains (read from Debian packages at run time, never copied into the repository):
   es      Spanish sayings, fortunes-es (/usr/share/games/fortunes/es/*.fortunes, one entry a doc)
   foldoc  English computing dictionary, dict-foldoc (/usr/share/dictd/foldoc.dict.dz)
-The product's own hash split (`extension.corpus.split_of`) is used throughout: the Trainer trains on
+The product's own hash split (`extension.plan.corpus.split_of`) is used throughout: the Trainer trains on
 the train split (documents packed into rows of at most --row-bytes bytes); `tide extend` is given
 the whole corpus as JSONL (one document a line, as a user would give it), so it mines and trains
 on the same train split, chooses on its validation split, and never sees the test split; every
@@ -74,7 +74,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import torch  # noqa: E402
 
-from extension.options import DEFAULTS  # noqa: E402
+from extension.plan.options import DEFAULTS  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 SYSTEMS = ("tide", "hf_fresh_adam", "hf_fresh_trainer", "subword_mean_kept", "no_extension")
@@ -99,7 +99,7 @@ def domain_documents(domain: str) -> list[str]:
 
 def split(domain: str) -> tuple[list[str], list[str], list[str]]:
     """(every document, the train split, the test split shuffled) by the product's own hash split."""
-    from extension.corpus import split_of
+    from extension.plan.corpus import split_of
 
     docs = domain_documents(domain)
     train = [d for d in docs if split_of(d) == "train"]
@@ -110,8 +110,8 @@ def split(domain: str) -> tuple[list[str], list[str], list[str]]:
 
 def pack_rows(documents: list[str], row_bytes: int) -> list[dict]:
     """Training rows of at most `row_bytes` UTF-8 bytes: long documents cut (at whitespace, by
-    extension.evaluate's cutter), short ones joined with blank lines, in corpus order."""
-    from extension.evaluate import chunk_documents
+    extension.evaluation.metrics's cutter), short ones joined with blank lines, in corpus order."""
+    from extension.evaluation import chunk_documents
 
     rows: list[dict] = []
     current: list[str] = []
@@ -162,7 +162,7 @@ class Scorer:
         self.held_out, self.max_bytes, self.seconds = held_out, max_bytes, 0.0
 
     def __call__(self, model, tokenizer) -> dict:
-        from extension.evaluate import score_documents
+        from extension.evaluation import score_documents
 
         started = time.perf_counter()
         result = score_documents(model, tokenizer, self.held_out, max_bytes=self.max_bytes)
@@ -278,7 +278,7 @@ def untrained_rows_checkpoint(checkpoint: Path, tide_out: Path, out: Path) -> di
     scheduler, trainer state) is (a)'s, byte for byte."""
     from types import SimpleNamespace
 
-    from extension.init import is_tied, subword_mean_rows
+    from extension.rows.init import is_tied, subword_mean_rows
 
     started = time.perf_counter()
     if out.exists():
@@ -322,7 +322,7 @@ def selection_summary(extension: dict) -> dict:
 
 def vocab_rows(model, base_vocab: int) -> dict[str, torch.Tensor]:
     """The old rows of each vocab-sized parameter (tied: the embedding only), cloned."""
-    from extension.optimizer_state import vocab_parameters
+    from extension.training.optimizer_state import vocab_parameters
 
     roles = vocab_parameters(model)
     return {role: p.detach()[:base_vocab].clone() for p in model.parameters() for key, role in roles.items() if id(p) == key}
@@ -330,7 +330,7 @@ def vocab_rows(model, base_vocab: int) -> dict[str, torch.Tensor]:
 
 def body(model) -> dict[str, torch.Tensor]:
     """Every parameter that is not vocab-sized, cloned."""
-    from extension.optimizer_state import vocab_parameters
+    from extension.training.optimizer_state import vocab_parameters
 
     roles = vocab_parameters(model)
     return {name: p.detach().clone() for name, p in model.named_parameters() if id(p) not in roles}
@@ -485,7 +485,7 @@ def report(cfg, payload: dict, plotted: bool, rebuilt_by: str | None = None) -> 
     lines += [
         f"Domain `{cfg.domain}`: {data['documents']} documents, train split {data['train_bytes']:,} bytes "
         f"packed into {data['rows']} rows of at most {cfg.row_bytes} bytes; test split "
-        f"(the product's hash split, `extension.corpus.split_of`) {data['held_out_bytes']:,} bytes, of which the first "
+        f"(the product's hash split, `extension.plan.corpus.split_of`) {data['held_out_bytes']:,} bytes, of which the first "
         f"{data['eval_bytes']:,} bytes are scored. Model: SmolLM2-135M-Instruct, full fine-tune with "
         f"`transformers.Trainer` (AdamW, lr {cfg.lr:g}, linear schedule to step N = {cfg.n} with "
         f"{cfg.warmup} warmup steps, batch {cfg.batch_size} x at most {cfg.seq_len} tokens, seed {cfg.seed}); "
@@ -628,7 +628,7 @@ def main() -> None:
 
     from transformers.utils import logging as hf_logging
 
-    from extension.models import ModelSources, resolve_model
+    from extension.plan.models import ModelSources, resolve_model
 
     hf_logging.set_verbosity_error()
     torch.set_num_threads(cfg.threads)

@@ -2,11 +2,11 @@
 
 Every variant trains the subword-mean rows of SmolLM2 + the quality benchmark's 1,000 top-saving
 words on the same centred windows, then scores the first `--eval-bytes` of the held-out split
-(bits per byte, extension.evaluate) and the general text:
+(bits per byte, extension.evaluation.metrics) and the general text:
 
-  lm                plain next-token loss (TIDE's default, extension/train.py TokenWindows)
+  lm                plain next-token loss (TIDE's default, extension/training/loop.py TokenWindows)
   distill           the base model's next-token distributions as soft targets: the teacher reads
-                    each window with every new token expanded to its pieces (extension/distill.py,
+                    each window with every new token expanded to its pieces (extension/training/term_contexts.py,
                     the terms-only objective, applied to corpus windows)
   hidden:W          next-token loss + W x the squared distance between the final hidden states
                     and the base model's at the same text, at and after each new token
@@ -34,12 +34,12 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 
 import quality  # noqa: E402
-from extension.distill import TermContextObjective, expand  # noqa: E402
-from extension.evaluate import evaluate_model, load_general_text  # noqa: E402
-from extension.init import subword_mean_rows  # noqa: E402
-from extension.rows import RowsAdapter, attach  # noqa: E402
+from extension.training.term_contexts import TermContextObjective, expand  # noqa: E402
+from extension.evaluation import evaluate_model, load_general_text  # noqa: E402
+from extension.rows.init import subword_mean_rows  # noqa: E402
+from extension.rows.adapter import RowsAdapter, attach  # noqa: E402
 from extension.tokenizer import extend_tokenizer  # noqa: E402
-from extension.train import DEFAULT_SAMPLING, TokenWindows, TrainConfig, train_rows  # noqa: E402
+from extension.training.loop import DEFAULT_SAMPLING, TokenWindows, TrainConfig, train_rows  # noqa: E402
 
 
 class WindowDistillation(TermContextObjective):

@@ -3,7 +3,7 @@
 Part 1, the evaluate stage alone, on the same text and model, variants interleaved per repetition:
   unbatched          one chunk per forward (batch_tokens=1), no cache: before + after
   batched            several chunks per forward (the device's batch, 4096 tokens on a CPU), no cache
-  batched + cache    batched, the base model's scores read from a warm cache (extension/score_cache.py):
+  batched + cache    batched, the base model's scores read from a warm cache (extension/evaluation/score_cache.py):
                      only the extended model is scored
 Each variant's time is the median of --reps repetitions; ratios are to "unbatched".
 
@@ -50,7 +50,7 @@ def foldoc_documents(skip: int, count: int) -> list[str]:
 
 def model_path(name: str, cache_dir: Path) -> str:
     if name == "smollm2":
-        from extension.models import ModelSources, resolve_model
+        from extension.plan.models import ModelSources, resolve_model
 
         return resolve_model("smollm2-135m", ModelSources(cache_dir=cache_dir)).path
     return name
@@ -58,7 +58,7 @@ def model_path(name: str, cache_dir: Path) -> str:
 
 def extended_model(base, tokenizer, terms: list[str]):
     """The base model with the terms' rows applied (subword means): what 'after' scores."""
-    from extension.init import apply_rows, subword_mean_rows
+    from extension.rows.init import apply_rows, subword_mean_rows
     from extension.tokenizer import extend_tokenizer
 
     extended = extend_tokenizer(tokenizer, terms)
@@ -71,9 +71,9 @@ def extended_model(base, tokenizer, terms: list[str]):
 def part1(args, path: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from extension.devices import eval_batch_tokens
-    from extension.evaluate import evaluate_model, load_general_text
-    from extension.score_cache import ScoreCache
+    from extension.plan.devices import eval_batch_tokens
+    from extension.evaluation import evaluate_model, load_general_text
+    from extension.evaluation.score_cache import ScoreCache
     from extension.tokenizer import read_terms_file
 
     base = AutoModelForCausalLM.from_pretrained(path).eval()
@@ -117,9 +117,9 @@ def part1(args, path: str) -> dict:
 
 
 def part2(args, path: str) -> list[dict]:
-    from extension.models import ModelSources
+    from extension.plan.models import ModelSources
     from extension.pipeline import run
-    from extension.spec import ExtendSpec
+    from extension.plan.spec import ExtendSpec
     from extension.tokenizer import read_terms_file
 
     folder = Path(tempfile.mkdtemp(prefix="tide-eval-job-"))

@@ -98,7 +98,7 @@ def tokenizer_for(name: str, cache_dir: Path, corpus: Path, work: Path):
     """(tokenizer, source): the model's real tokenizer, else a byte-level BPE stand-in."""
     from transformers import AutoTokenizer
 
-    from extension.models import builtin_tokenizer_dir
+    from extension.plan.models import builtin_tokenizer_dir
 
     try:
         folder = builtin_tokenizer_dir(CONFIGS[name]["builtin"], cache_dir)
@@ -248,9 +248,9 @@ class StageWatch:
 
 
 def run_job(model_dir: Path, terms: list[str], corpus: Path, cache: Path, out: Path, args, device: torch.device) -> dict:
-    from extension.models import ModelSources
+    from extension.plan.models import ModelSources
     from extension.pipeline import run
-    from extension.spec import Callbacks, ExtendSpec
+    from extension.plan.spec import Callbacks, ExtendSpec
 
     watch = StageWatch(device)
     callbacks = Callbacks(on_stage=watch.on_stage, on_progress=watch.on_progress)
@@ -343,7 +343,7 @@ def report(name: str, info: dict, args) -> str:
         "",
         "GPU memory peak per stage (MiB, torch.cuda.max_memory_allocated, warm run): "
         + ", ".join(f"{s} {_mib(warm['gpu_peak_bytes'].get(s))}" for s in stages) + ".",
-        f"Memory plan (extension/memory_plan.py) estimate for the job: {warm['memory_plan']['needed_gib']:.2f} GiB; "
+        f"Memory plan (extension/plan/memory.py) estimate for the job: {warm['memory_plan']['needed_gib']:.2f} GiB; "
         f"measured peak allocated over all stages {max(warm['gpu_peak_bytes'].values() or [0]) / 2**30:.2f} GiB "
         "(the plan includes 1 GiB for the CUDA context, which torch does not count as allocated).",
     ]

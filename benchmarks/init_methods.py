@@ -2,9 +2,9 @@
 
 For each domain: the product's mined tokens (extension.mining at its defaults), the product's
 validation split (extension.selection.build_validation: up to 32 KB, scored by the base model),
-and for each variant the product's own training (extension.train.train_rows on the centred
+and for each variant the product's own training (extension.training.loop.train_rows on the centred
 corpus windows, default steps, batch and sequence length) from rows made by
-extension.init.RowInitializer. Every variant keeps EVERY mined token (no term selection), so the
+extension.rows.init.RowInitializer. Every variant keeps EVERY mined token (no term selection), so the
 rows themselves are compared; validation bits per byte is measured at steps 0, half-way and the
 end, with where the change against the base model sits, in bits over the validation text:
 
@@ -22,7 +22,7 @@ get it x the embedding multiplier), all in one process per domain, one after the
 
 `--fits` compares, on a held-out tenth of the base vocabulary's own merges, how well each way of
 making a row from its two parts predicts the real row (mean cosine): the subword mean, the
-product's ridge map (extension.composition.fit_composition) and a two-layer MLP (hidden 1024,
+product's ridge map (extension.rows.composition.fit_composition) and a two-layer MLP (hidden 1024,
 GELU, plus a linear skip) trained on the same nine tenths with AdamW for 30 epochs -- the
 question being whether the map needs to be nonlinear.
     .venv/bin/python benchmarks/init_methods.py --domains es --steps 2 --variants composition@1e-4 --out /tmp/i.md  # smoke
@@ -47,7 +47,7 @@ import torch  # noqa: E402
 
 import quality  # noqa: E402
 import quality_selection  # noqa: E402
-from extension.options import DEFAULTS  # noqa: E402
+from extension.plan.options import DEFAULTS  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 FOLLOWING = 8  # as extension.selection.attribution
@@ -98,12 +98,12 @@ class Checkpoints:
 
 
 def run_domain(domain: str, variants: list[tuple[str, float]], steps: int, log) -> dict:
-    from extension.corpus import split_documents
-    from extension.init import RowInitializer
+    from extension.plan.corpus import split_documents
+    from extension.rows.init import RowInitializer
     from extension.mining import mine_terms
-    from extension.rows import attach
+    from extension.rows.adapter import attach
     from extension.selection import build_validation
-    from extension.train import TrainConfig, corpus_windows, train_rows
+    from extension.training.loop import TrainConfig, corpus_windows, train_rows
 
     with tempfile.TemporaryDirectory() as folder:
         corpus = Path(folder) / f"{domain}.jsonl"
@@ -146,7 +146,7 @@ def render(result: dict) -> str:
         "",
         f"SmolLM2-135M-Instruct, fp32, CPU. Per domain: the product's mined tokens (up to {DEFAULTS['max_new_tokens']}), "
         f"EVERY one kept (no term selection: the rows are what is compared), trained by the product's loop "
-        f"(extension.train.train_rows) on its centred corpus windows for {result['steps']} steps x batch "
+        f"(extension.training.loop.train_rows) on its centred corpus windows for {result['steps']} steps x batch "
         f"{DEFAULTS['batch_size']} x seq {DEFAULTS['seq_len']}, rows' lr = base lr x {DEFAULTS['embedding_lr_multiplier']:g}. "
         "Scored: the product's validation split (up to 32 KB; extension.selection.build_validation). Bits per byte, lower "
         "is better; the percentage is against the base model on the same text. The last four columns split the change "
@@ -178,7 +178,7 @@ def render(result: dict) -> str:
 
 
 def compare_fits(epochs: int = 30, hidden: int = 1024) -> dict:
-    from extension.composition import base_merge_ids, fit_composition
+    from extension.rows.composition import base_merge_ids, fit_composition
 
     model, tokenizer = quality.load_base()
     rows = model.get_input_embeddings().weight.detach().float()

@@ -32,11 +32,11 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 
 import quality  # noqa: E402
-from extension.evaluate import context_token_id  # noqa: E402
-from extension.init import subword_mean_rows  # noqa: E402
-from extension.rows import attach  # noqa: E402
+from extension.evaluation import context_token_id  # noqa: E402
+from extension.rows.init import subword_mean_rows  # noqa: E402
+from extension.rows.adapter import attach  # noqa: E402
 from extension.tokenizer import extend_tokenizer  # noqa: E402
-from extension.train import DEFAULT_SAMPLING, TrainConfig, train_rows  # noqa: E402
+from extension.training.loop import DEFAULT_SAMPLING, TrainConfig, train_rows  # noqa: E402
 
 CATEGORIES = ("new target", "old, right after new", "old, new 2-8 back", "old, no new in 8")
 MAX_TOKENS = 1024

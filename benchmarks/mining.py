@@ -205,7 +205,7 @@ def evaluate(base_size: int, backend, held: list[str], held_bytes: int, added: i
 def run_domain(name: str, sizes: list[int], tokenizer, workdir: Path, log) -> dict:
     from transformers import AutoTokenizer
 
-    from extension.corpus import is_held_out, iter_documents
+    from extension.plan.corpus import is_held_out, iter_documents
     from extension.mining import MiningFilters, mine_terms
     from extension.mining.miner import _count_words
     from extension.mining.vocabulary import TokenizerView
@@ -319,7 +319,7 @@ def _status_mb(field: str) -> float:
 
 
 def smollm2_dir() -> Path:
-    from extension.models import ModelSources, resolve_model
+    from extension.plan.models import ModelSources, resolve_model
 
     return Path(resolve_model("smollm2-135m", ModelSources(cache_dir=REPO / ".cache")).path)
 

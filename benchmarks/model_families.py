@@ -159,7 +159,7 @@ def main() -> int:
         payload = json.loads(args.report.read_text())
         args.report.with_suffix(".md").write_text(report(payload))
         return 0
-    from extension.models import ModelSources
+    from extension.plan.models import ModelSources
 
     os.environ.setdefault("TIDE_CACHE_DIR", str(REPO / ".cache"))
     sources = ModelSources(cache_dir=Path(os.environ["TIDE_CACHE_DIR"]))

@@ -21,8 +21,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from extension.init import apply_rows, subword_mean_rows
-from extension.train import TrainConfig
+from extension.rows.init import apply_rows, subword_mean_rows
+from extension.training.loop import TrainConfig
 
 
 def hf_add_tokens(model, tokenizer, terms: list[str]) -> tuple[object, list[int]]:

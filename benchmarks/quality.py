@@ -3,7 +3,7 @@
 Two domains read from Debian packages at run time (never copied into the repository):
   es      Spanish sayings, fortunes-es (/usr/share/games/fortunes/es/*.fortunes, one entry a doc)
   foldoc  English computing text, dict-foldoc (/usr/share/dictd/foldoc.dict.dz, one entry a doc)
-Each is split by `extension.corpus.is_held_out(doc, fraction=0.1)` (10%, not the service's 5%,
+Each is split by `extension.plan.corpus.is_held_out(doc, fraction=0.1)` (10%, not the service's 5%,
 so the Spanish test split holds the 50 KB evaluated). The terms are the N whole words of the
 TRAIN split that save the most tokens there (count x (pieces of " word" - 1), count >= 3).
 
@@ -18,10 +18,10 @@ loops would; ours picks windows centred on new-token occurrences (TIDE's default
   trainable_tokens  PEFT TrainableTokens on the new ids, trained
   trainable_tokens_centred  the same, on exactly ours' centred batches (isolates the sampling)
   full_embedding    the whole embedding (tied: and head) trained
-  ours              TIDE: rows adapter (extension/rows.py) trained with extension/train.py
+  ours              TIDE: rows adapter (extension/rows/adapter.py) trained with extension/training/loop.py
   ours_mined        ours, with the corpus miner's entries (extension.mining) instead of the words
 Columns: domain bits per byte on the first `--eval-bytes` of the test split, tokens per byte,
-general-English bits per byte (extension.evaluate's default general text), new-token usage,
+general-English bits per byte (extension.evaluation.metrics's default general text), new-token usage,
 wall time of extension + training (model load and evaluation excluded), peak RSS after training.
 
     nice -n 10 .venv/bin/python benchmarks/quality.py                     # the issue's budget
@@ -50,7 +50,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import torch  # noqa: E402
 
-from extension.train import DEFAULT_SAMPLING, TrainConfig  # noqa: E402
+from extension.training.loop import DEFAULT_SAMPLING, TrainConfig  # noqa: E402
 
 SPANISH_DIR = Path("/usr/share/games/fortunes/es")
 FOLDOC = Path("/usr/share/dictd/foldoc.dict.dz")
@@ -65,7 +65,7 @@ RESULTS = REPO / "benchmarks" / "results"
 
 # -- data -------------------------------------------------------------------------------------
 def spanish_documents() -> list[str]:
-    from extension.evaluate import read_fortune_file
+    from extension.evaluation import read_fortune_file
 
     docs: list[str] = []
     for path in sorted(SPANISH_DIR.glob("*.fortunes")):  # the top level; the off/ folder is skipped
@@ -83,7 +83,7 @@ def foldoc_documents() -> list[str]:
 
 
 def domain_split(domain: str) -> tuple[list[str], list[str]]:
-    from extension.corpus import is_held_out
+    from extension.plan.corpus import is_held_out
 
     docs = spanish_documents() if domain == "es" else foldoc_documents()
     train = [d for d in docs if not is_held_out(d, HELD_OUT_FRACTION)]
@@ -105,7 +105,7 @@ def top_saving_words(tokenizer, documents: list[str], n: int, min_count: int = 3
 def load_base():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from extension.models import ModelSources, resolve_model
+    from extension.plan.models import ModelSources, resolve_model
 
     path = resolve_model("smollm2-135m", ModelSources(cache_dir=REPO / ".cache")).path
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -116,7 +116,7 @@ def load_base():
 
 def windows(tokenizer, train_docs: list[str], base_vocab_size: int, config, sampling: str):
     """TokenWindows over the train split, shuffled with a fixed seed (shared by every benchmark)."""
-    from extension.train import TokenWindows, tokenize_documents, window_prefix
+    from extension.training.loop import TokenWindows, tokenize_documents, window_prefix
 
     shuffled = list(train_docs)
     random.Random(0).shuffle(shuffled)  # FOLDOC is alphabetical: let the stream span it all
@@ -128,7 +128,7 @@ def windows(tokenizer, train_docs: list[str], base_vocab_size: int, config, samp
 
 def run_system(domain: str, system: str, spec: dict) -> dict:
     import peers
-    from extension.evaluate import evaluate_model, load_general_text
+    from extension.evaluation import evaluate_model, load_general_text
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
@@ -161,9 +161,9 @@ def run_system(domain: str, system: str, spec: dict) -> dict:
         base_vocab = extended.base_vocab_size
         tokenizer = extended.tokenizer
         if system in ("ours", "ours_mined"):
-            from extension.init import subword_mean_rows
-            from extension.rows import attach
-            from extension.train import train_rows
+            from extension.rows.init import subword_mean_rows
+            from extension.rows.adapter import attach
+            from extension.training.loop import train_rows
 
             rows = subword_mean_rows(model, extended.new_tokens, base_vocab)
             adapter = attach(model, base_vocab, rows)

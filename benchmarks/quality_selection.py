@@ -19,8 +19,8 @@ With `--dtype bfloat16` the base model is a bf16 copy of the built-in checkpoint
 weights are stored in, so the job (and its "before" scoring, the base row) runs in bf16 on the CPU,
 as the frozen model of a GPU worker's job does (its new rows stay fp32).
 One fortune / entry / file is one document. Every system is evaluated on the product's own test
-split (`extension.corpus.split_of(doc) == "test"`), `--eval-bytes` of it spread over its documents as
-the product spreads its held-out text (extension.evaluate.document_cap), and on as many bytes of the
+split (`extension.plan.corpus.split_of(doc) == "test"`), `--eval-bytes` of it spread over its documents as
+the product spreads its held-out text (extension.evaluation.metrics.document_cap), and on as many bytes of the
 default general English text.
 
 Systems (one process, one after the other, torch seed 0 before each):
@@ -46,7 +46,7 @@ Systems (one process, one after the other, torch seed 0 before each):
   trainable_tokens  PEFT TrainableTokens over every token mining offered (extension.mining.mine_terms on
                     the same file, which reads the train split only), subword-mean init, trained on
                     train-split windows read in order, with the product's default steps, batch,
-                    sequence length and learning rates (extension.options DEFAULTS)
+                    sequence length and learning rates (extension.plan.options DEFAULTS)
 "Offered" tokens per byte is the full mined tokenizer's (trainable_tokens keeps every offered
 token); "saving kept" = (base - published tokens/byte) / (base - offered tokens/byte).
 
@@ -75,8 +75,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import torch  # noqa: E402
 
 import quality  # noqa: E402
-from extension.devices import resolve_placement  # noqa: E402
-from extension.options import BY_NAME, DEFAULTS, OPTIONS, defaults_for_device  # noqa: E402
+from extension.plan.devices import resolve_placement  # noqa: E402
+from extension.plan.options import BY_NAME, DEFAULTS, OPTIONS, defaults_for_device  # noqa: E402
 
 DOMAINS = {
     "zh": "Chinese fortunes (fortunes-zh)",
@@ -99,7 +99,7 @@ BF16_COPY = "smollm2-135m-bf16"  # the folder under the cache holding the bf16 c
 
 # -- data -------------------------------------------------------------------------------------
 def chinese_documents() -> list[str]:
-    from extension.evaluate import read_fortune_file
+    from extension.evaluation import read_fortune_file
     from extension.mining.filters import ANSI_ESCAPE
 
     docs = []
@@ -135,7 +135,7 @@ def bf16_copy(cache: Path) -> Path:
     from filelock import FileLock
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from extension.models import ModelSources, resolve_model, save_pretrained_atomically
+    from extension.plan.models import ModelSources, resolve_model, save_pretrained_atomically
 
     target = cache / BF16_COPY
     if (target / "config.json").exists():
@@ -160,9 +160,9 @@ def base_model_of(dtype: str, cache: Path) -> str:
 def run_product(spec, cache: Path, log) -> tuple[dict | None, dict, float]:
     """(PipelineResult metrics + extension + stage seconds, or None with the error, seconds)."""
     from extension.errors import InvalidCorpusError
-    from extension.models import ModelSources
+    from extension.plan.models import ModelSources
     from extension.pipeline import run
-    from extension.spec import Callbacks
+    from extension.plan.spec import Callbacks
 
     shown = {"at": 0.0}
 
@@ -192,9 +192,9 @@ def run_product(spec, cache: Path, log) -> tuple[dict | None, dict, float]:
 
 def run_trainable_tokens(spec, test_docs: list[str], train_docs: list[str], eval_bytes: int) -> dict:
     import peers
-    from extension.evaluate import evaluate_model, load_general_text
+    from extension.evaluation import evaluate_model, load_general_text
     from extension.mining import mine_terms
-    from extension.train import TrainConfig
+    from extension.training.loop import TrainConfig
 
     torch.manual_seed(0)
     model, tokenizer = quality.load_base()
@@ -219,7 +219,7 @@ def mined_term_list(spec, cache: Path) -> list[str]:
     from transformers import AutoTokenizer
 
     from extension.mining import mine_terms
-    from extension.models import ModelSources, resolve_model
+    from extension.plan.models import ModelSources, resolve_model
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m", ModelSources(cache_dir=cache)).path)
     mined = mine_terms(tokenizer, spec.corpus_path, max_new_tokens=spec.max_new_tokens, min_frequency=spec.min_frequency,
@@ -236,7 +236,7 @@ def run_terms_only(spec, terms: list[str], test_docs: list[str], eval_bytes: int
     """The terms-only job on `terms`, then its published folder scored on the domain's test split."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from extension.evaluate import evaluate_model, load_general_text
+    from extension.evaluation import evaluate_model, load_general_text
 
     job = replace(spec, corpus_path=None, corpus_name=None, terms=terms)
     outcome, failure, seconds = run_product(job, cache, log)
@@ -253,13 +253,13 @@ def run_terms_only(spec, terms: list[str], test_docs: list[str], eval_bytes: int
 
 def offered_tokens_per_byte(domain: str, eval_bytes: int, mining_unit: str, cache: Path) -> float:
     """Tokens per byte of the scored test text under the FULL mined tokenizer (every offered
-    token), counted as extension.evaluate counts them: for runs with no system that keeps them all."""
+    token), counted as extension.evaluation.metrics counts them: for runs with no system that keeps them all."""
     from transformers import AutoTokenizer
 
-    from extension.corpus import split_of
-    from extension.evaluate import DEFAULT_CHUNK_BYTES, chunk_documents, document_cap
+    from extension.plan.corpus import split_of
+    from extension.evaluation import DEFAULT_CHUNK_BYTES, chunk_documents, document_cap
     from extension.mining import mine_terms
-    from extension.models import ModelSources, resolve_model
+    from extension.plan.models import ModelSources, resolve_model
 
     docs = documents(domain)
     work = Path(tempfile.mkdtemp(prefix="tide_offered_"))
@@ -281,7 +281,7 @@ def offered_tokens_per_byte(domain: str, eval_bytes: int, mining_unit: str, cach
 def evaluate_base(test_docs: list[str], eval_bytes: int, base_model: str) -> dict:
     """The base scored here (when the product published nothing): the same checkpoint, loaded as
     the pipeline loads it on a CPU (in its stored dtype)."""
-    from extension.evaluate import evaluate_model, load_general_text
+    from extension.evaluation import evaluate_model, load_general_text
 
     if base_model == "smollm2-135m":
         model, tokenizer = quality.load_base()
@@ -372,7 +372,7 @@ def save(out: Path, result: dict) -> None:
 
 
 def main() -> None:
-    from extension.spec import ExtendSpec
+    from extension.plan.spec import ExtendSpec
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--domain", choices=list(DOMAINS))
@@ -507,7 +507,7 @@ def main() -> None:
 # -- report -----------------------------------------------------------------------------------
 def split_sizes(docs: list[str]) -> tuple[dict[str, list[str]], dict]:
     """({split: its documents}, their counts and bytes for the report), by the product's own split."""
-    from extension.corpus import split_of
+    from extension.plan.corpus import split_of
 
     splits = {s: [d for d in docs if split_of(d) == s] for s in ("train", "validation", "test")}
     return splits, {"documents": {s: len(v) for s, v in splits.items()},
@@ -543,7 +543,7 @@ def option_setting(system: str) -> dict:
         key, sep, text = part.partition("=")
         option = BY_NAME.get(key)
         if not sep or option is None:
-            raise ValueError("write ours:<option>=<value>[+<option>=<value>...] with options of extension.options")
+            raise ValueError("write ours:<option>=<value>[+<option>=<value>...] with options of extension.plan.options")
         value = option.kind(text)
         option.check(value)
         settings[key] = value
@@ -585,7 +585,7 @@ def _test_text(result: dict) -> str:
         return f"the first {result['eval_bytes']:,} bytes of the test split"
     cap = settings["document_bytes"]
     return (f"{result['eval_bytes']:,} bytes of the test split, "
-            + (f"at most {cap:,} from each document (extension.evaluate.document_cap)" if cap else "every document whole"))
+            + (f"at most {cap:,} from each document (extension.evaluation.metrics.document_cap)" if cap else "every document whole"))
 
 
 def _pct(value: float, ref: float) -> str:
@@ -661,7 +661,7 @@ def report(result: dict) -> str:
         f"Documents train / validation / test: {result['data']['documents']['train']:,} / "
         f"{result['data']['documents']['validation']:,} / {result['data']['documents']['test']:,} "
         f"({result['data']['bytes']['train']:,} / {result['data']['bytes']['validation']:,} / "
-        f"{result['data']['bytes']['test']:,} bytes), split by the product's hash (extension.corpus.split_of). "
+        f"{result['data']['bytes']['test']:,} bytes), split by the product's hash (extension.plan.corpus.split_of). "
         + (("Model: SmolLM2-135M-Instruct, fp32, CPU. " if result.get("cpu_kind", "cpu") == "cpu" else
             "Model: SmolLM2-135M-Instruct, fp32 checkpoint computed in bf16 (precision 'auto' on this CPU, which "
             "computes bf16 in hardware; the new rows train in fp32; composed_start: fp32), CPU. ") if dtype == "float32" else

@@ -3,7 +3,7 @@
 Systems, each on its own copy of the model, the same batch of token ids (10% new ids):
   limit   the frozen model's forward + backward to its input embeddings, no weight gradients
           (HF's own loss over full logits) — no method that trains rows can do less work
-  ours    extension.rows adapter: frozen base, new rows in a small parameter, fused chunked loss,
+  ours    extension.rows.adapter adapter: frozen base, new rows in a small parameter, fused chunked loss,
           gradient clipping and AdamW over the new rows (what train_rows does per step)
   peft    PEFT TrainableTokens on the resized model (token_indices = the new ids), AdamW
   full    full-embedding fine-tuning of the resized model (embedding trainable, tied head), AdamW
@@ -44,7 +44,7 @@ def build_model(name: str):
 
     torch.manual_seed(0)
     if name == "smollm2":
-        from extension.models import ModelSources, resolve_model
+        from extension.plan.models import ModelSources, resolve_model
 
         path = resolve_model("smollm2-135m", ModelSources(cache_dir=REPO / ".cache")).path
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -80,8 +80,8 @@ def _resized(model, size: int):
 
 def setup(system: str, model, vocab: int, new: int, ids: torch.Tensor):
     """Returns a zero-argument function that runs one training step."""
-    from extension.init import NewRows, padded_vocab_size
-    from extension.rows import IGNORE_INDEX, attach
+    from extension.rows.init import NewRows, padded_vocab_size
+    from extension.rows.adapter import IGNORE_INDEX, attach
 
     padded = padded_vocab_size(vocab + new, vocab, 64)
     base_ids = ids.clamp(max=vocab - 1)

@@ -100,7 +100,7 @@ def run(models: list[str], sizes: list[int], repeats: int) -> str:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from extension.models import ModelSources, resolve_model
+    from extension.plan.models import ModelSources, resolve_model
     from extension.tokenizer import extend_tokenizer
     from extension.tokenizer.tokenizer_json import extended_tokenizer_json, load_like
 

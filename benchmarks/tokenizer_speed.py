@@ -90,7 +90,7 @@ def run(models: list[str], sizes: list[int], rounds: int, megabytes: float) -> s
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    from extension.models import ModelSources, resolve_model
+    from extension.plan.models import ModelSources, resolve_model
     from extension.tokenizer import extend_tokenizer
 
     documents = load_text(megabytes)
@@ -163,7 +163,7 @@ def _gemma_tokenizer_dir() -> str:
     if not (target / "tokenizer.json").exists():
         from transformers import AutoTokenizer
 
-        from extension.models import BUILTIN_MODELS, _builtin_gguf
+        from extension.plan.models import BUILTIN_MODELS, _builtin_gguf
 
         gguf = _builtin_gguf(BUILTIN_MODELS["gemma3-270m"], REPO / ".cache")
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(target)

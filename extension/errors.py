@@ -27,7 +27,7 @@ class InvalidCorpusError(TideError):
 
 
 class InvalidOptionError(TideError):
-    """A job option out of its range. Raised with `option` (its name in extension.options) and
+    """A job option out of its range. Raised with `option` (its name in extension.plan.options) and
     `problem` ("must be ..., got ..."), so the CLI can name the flag and the API the JSON path;
     a plain `message` is for option-like inputs outside the option table (terms, corpus)."""
 

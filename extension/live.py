@@ -25,12 +25,12 @@ import torch
 from transformers import TrainerCallback
 
 from .errors import InvalidCorpusError, InvalidOptionError, UnsupportedCheckpointError
-from .init import apply_rows
-from .optimizer_state import grow_live_optimizer, vocab_parameters
-from .options import defaults_for_device
-from .job_plan import validate_spec
+from .rows.init import apply_rows
+from .training.optimizer_state import grow_live_optimizer, vocab_parameters
+from .plan.options import defaults_for_device
+from .plan.job import validate_spec
 from .pipeline import new_vocabulary
-from .spec import Callbacks, ExtendSpec
+from .plan.spec import Callbacks, ExtendSpec
 
 
 class ExtendVocabularyCallback(TrainerCallback):
@@ -64,7 +64,7 @@ def extend_during_training(trainer, *, at_step: int, terms: list[str] | None = N
     """Add a callback to `trainer` that extends its vocabulary at step `at_step`.
 
     `terms` and/or `corpus` (a file; with only a corpus the terms are mined from it) and any
-    option of extension.options (steps, batch_size, seq_len, lr, ...) as for `tide extend`.
+    option of extension.plan.options (steps, batch_size, seq_len, lr, ...) as for `tide extend`.
     Everything that can be checked now is checked now, before the run starts."""
     if isinstance(at_step, bool) or not isinstance(at_step, int) or at_step < 1:
         raise InvalidOptionError(f"at_step must be a step number >= 1, got {at_step!r}", param="at_step")

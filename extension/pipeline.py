@@ -13,14 +13,14 @@ from pathlib import Path
 
 import torch
 
-from . import corpus as corpus_io
-from .card import model_card
+from .plan import corpus as corpus_io
+from .publishing.card import model_card
 from .errors import InvalidCorpusError, InvalidTermsError, JobCancelled
-from .job_plan import JobPlan, corpus_label, offload_folder, plan_inputs, plan_model
-from .models import ModelSources, load_model
-from .publish import publish
-from .decisions import decision_sentences
-from .spec import STAGES, Callbacks, ExtendSpec  # noqa: F401  (STAGES: the order run() follows)
+from .plan.job import JobPlan, corpus_label, offload_folder, plan_inputs, plan_model
+from .plan.models import ModelSources, load_model
+from .publishing.folder import publish
+from .publishing.decisions import decision_sentences
+from .plan.spec import STAGES, Callbacks, ExtendSpec  # noqa: F401  (STAGES: the order run() follows)
 
 DEFAULT_SOURCES = ModelSources(cache_dir=Path.home() / ".cache" / "tide")
 
@@ -73,7 +73,7 @@ class _Stages:
 
 def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSources | None = None) -> PipelineResult:
     """The job, stage by stage. Every decision that needs no weights is made first, in the plan."""
-    from .optimizer_state import trainer_checkpoint
+    from .training.optimizer_state import trainer_checkpoint
 
     callbacks = callbacks or Callbacks()
     sources = sources or DEFAULT_SOURCES
@@ -101,8 +101,8 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
 
 def _load_model(plan: JobPlan, sources: ModelSources, callbacks: Callbacks):
     """The base model, straight onto its device in its compute dtype, frozen."""
-    from . import devices as job_devices
-    from .train import TrainConfig, max_positions
+    from .plan import devices as job_devices
+    from .training.loop import TrainConfig, max_positions
 
     model = load_model(plan.resolved, sources, placement=plan.placement,
                        offload_folder=offload_folder(plan, callbacks.work_dir)).eval()
@@ -116,16 +116,16 @@ def _evaluate(plan: JobPlan, model, vocabulary: "NewVocabulary", callbacks: Call
               stages: "_Stages") -> tuple[dict, dict]:
     """Before/after on the test split and general text, with the published rows applied in
     between (padding rows placed and measured). Returns (metrics, the rows' init report)."""
-    from . import devices as job_devices
-    from .evaluate import compare, evaluate_model, load_general_text
-    from .init import apply_rows
-    from .score_cache import ScoreCache
+    from .plan import devices as job_devices
+    from .evaluation import compare, evaluate_model, load_general_text
+    from .rows.init import apply_rows
+    from .evaluation.score_cache import ScoreCache
 
     spec, extended = plan.spec, vocabulary.extended
     job_devices.release_cached_memory(job_devices.model_device(model))
     general = load_general_text()
     held_out = _held_out_docs(plan)
-    # The base model's scores of this text are kept across jobs (extension/score_cache.py).
+    # The base model's scores of this text are kept across jobs (extension/evaluation/score_cache.py).
     score_cache = ScoreCache.for_model(Path(sources.cache_dir) / "scores", model, sources.score_cache_max_bytes)
     common = dict(max_bytes=spec.eval_max_bytes, batch_tokens=plan.eval_batch_tokens)
     # Two passes over the same chunks (before, then after): one progress bar across both.
@@ -182,7 +182,7 @@ def _publish(plan: JobPlan, model, vocabulary: "NewVocabulary", metrics: dict, i
     the base checkpoint's dtype with the old rows bit-identical to its files: the job's model when
     it holds exactly those (a CPU job), else the checkpoint loaded again on the CPU with the same
     rows written in (a bf16 GPU job of an fp32 checkpoint, or a model spread with weights offloaded)."""
-    from . import devices as job_devices
+    from .plan import devices as job_devices
 
     spec, extended, mined = plan.spec, vocabulary.extended, vocabulary.mined
     model = _publishable(model, plan, sources, vocabulary.rows, extended.base_vocab_size)
@@ -251,8 +251,8 @@ def new_vocabulary(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks, sta
     what to publish on the validation text (the best step; for corpus jobs, the terms that pay).
     Shared by `run` and by extending a live Trainer run (extension.live). The rows are trained on
     `model` itself, where it is (never a copy of it)."""
-    from .init import RowInitializer, init_method, row_method
-    from .objectives import build_training_data
+    from .rows.init import RowInitializer, init_method, row_method
+    from .training.objectives import build_training_data
     from .tokenizer import nothing_to_add_error
 
     stages = stages or _Stages(callbacks)
@@ -424,10 +424,10 @@ def _train(spec: ExtendSpec, model, extended, rows, objective, callbacks: Callba
     """Train the new rows on `objective` (built from the plain base model, before attaching), on
     the frozen model itself, on its device (a bf16 base on a GPU; the new rows are fp32),
     keeping the best step on `validation` when there is one."""
-    from .rows import attach
+    from .rows.adapter import attach
     from .selection import StepScorer, ValidationPlan
-    from .identity import run_identity
-    from .train import TrainConfig, train_rows
+    from .training.identity import run_identity
+    from .training.loop import TrainConfig, train_rows
 
     # The rows' start (init method) is part of the run: another start never resumes these rows.
     identity = {**run_identity(model, extended), "init": init}
@@ -448,9 +448,9 @@ def _distill_inputs(spec: ExtendSpec, model, extended, rows, objective, callback
     """(rows with the input side distilled on the job's own contexts, the report): init 'distill'.
     Kept in the work folder (input_distillation.DISTILLED_NAME): a resumed job, whose training
     checkpoint needs these rows' run, does not distil again (minutes on a CPU)."""
-    from .identity import run_identity
-    from .input_distillation import contexts_of, distill_input_rows, load_distilled, save_distilled
-    from .rows import attach
+    from .training.identity import run_identity
+    from .training.input_distillation import contexts_of, distill_input_rows, load_distilled, save_distilled
+    from .rows.adapter import attach
 
     key = {**run_identity(model, extended), "data": objective.fingerprint() if hasattr(objective, "fingerprint") else None,
            "distill_contexts": spec.distill_contexts, "lr": spec.lr * spec.embedding_lr_multiplier, "seed": spec.seed}
@@ -478,8 +478,8 @@ def _distill_inputs(spec: ExtendSpec, model, extended, rows, objective, callback
 def _publishable(model, plan: JobPlan, sources: ModelSources, rows, base_vocab_size: int):
     """The model to publish: `model` when its weights are the checkpoint's own (same dtype, none
     offloaded), else the checkpoint loaded on the CPU in its dtype with `rows` applied."""
-    from .devices import offloaded, release_cached_memory, model_device
-    from .init import apply_rows
+    from .plan.devices import offloaded, release_cached_memory, model_device
+    from .rows.init import apply_rows
 
     if model.get_input_embeddings().weight.dtype == plan.stored_dtype and not offloaded(model):
         return model

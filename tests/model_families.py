@@ -98,7 +98,7 @@ def _convert(family: Family, folder: Path, model_sources) -> None:
     from transformers import AutoTokenizer
 
     if family.gguf is None:
-        from extension.models import builtin_tokenizer_dir
+        from extension.plan.models import builtin_tokenizer_dir
 
         source = builtin_tokenizer_dir({"smollm2": "smollm2-135m", "gemma3": "gemma3-270m"}[family.name],
                                        model_sources.cache_dir)
@@ -254,7 +254,7 @@ def inp_texts(family: str) -> list[str]:
 # -- what every published folder must satisfy ---------------------------------------------------
 def safetensors_layout(folder: Path) -> dict:
     """{"files": n, "index": bool, "dtypes": {...}, "complete": index covers every tensor}."""
-    from extension.devices import safetensors_header
+    from extension.plan.devices import safetensors_header
 
     files = sorted(folder.glob("*.safetensors"))
     index_path = folder / "model.safetensors.index.json"

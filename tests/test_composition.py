@@ -1,4 +1,4 @@
-"""The composition init (extension/composition.py, init.RowInitializer): fitted on the base
+"""The composition init (extension/rows/composition.py, init.RowInitializer): fitted on the base
 vocabulary's merges, applied along each new token's own merges, and the fallbacks to the mean.
 
 Tiny models get a composition PLANTED in their rows (each merge's row is a fixed linear map of its
@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from extension.composition import base_merge_ids, fit_composition
-from extension.init import RowInitializer, subword_mean_rows
+from extension.rows.composition import base_merge_ids, fit_composition
+from extension.rows.init import RowInitializer, subword_mean_rows
 from extension.tokenizer import extend_tokenizer, extend_with_merges
 from tests.conftest import tiny_llama
 

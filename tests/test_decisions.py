@@ -1,4 +1,4 @@
-"""Issue 26: what a job decided, in words the user can act on (extension/decisions.py), on metrics
+"""Issue 26: what a job decided, in words the user can act on (extension/publishing/decisions.py), on metrics
 as jobs record them. The CLI summary, the job page and the model card all print these sentences;
 the CLI test runs (tests/test_extend_summary.py) show them there."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import copy
 
-from extension.decisions import decision_sentences, held_out_sentence, selection_sentence, stopped_early_sentence
+from extension.publishing.decisions import decision_sentences, held_out_sentence, selection_sentence, stopped_early_sentence
 
 
 def _round(number: int, new_tokens: int, tokens_per_byte: float) -> dict:

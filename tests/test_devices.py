@@ -1,4 +1,4 @@
-"""One device per job (extension/devices.py): the `--device` / `--device-map` options through the
+"""One device per job (extension/plan/devices.py): the `--device` / `--device-map` options through the
 CLI door, what metrics.json records for every stage, the load that goes straight to the device,
 publishing in the checkpoint's dtype when the job computed in another one, and a model spread
 with accelerate's device map (here: one layer offloaded to disk, the only split a CPU-only
@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from app.cli import main
-from extension import devices
-from extension.devices import Placement, resolve_placement
+from extension.plan import devices
+from extension.plan.devices import Placement, resolve_placement
 from extension.errors import InvalidOptionError
 from tests.service.conftest import foldoc_documents
 
@@ -74,9 +74,9 @@ def test_the_default_device_on_a_machine_without_a_gpu_is_cpu(tmp_path, tiny_mod
 
 
 def test_a_job_that_leaves_steps_unset_trains_its_devices_default(tmp_path, tiny_model_dir, cli_cache):
-    """`--steps` left out: 150 on a CPU, 400 on a GPU (extension/options.py), filled in where the
+    """`--steps` left out: 150 on a CPU, 400 on a GPU (extension/plan/options.py), filled in where the
     job runs and recorded with the device that chose it."""
-    from extension.options import BY_NAME
+    from extension.plan.options import BY_NAME
 
     terms = tmp_path / "terms.txt"
     terms.write_text("\n".join(TERMS) + "\n")
@@ -341,8 +341,8 @@ def test_a_cpu_that_computes_bf16_in_hardware_runs_jobs_in_bf16_and_takes_its_ow
     """precision 'auto' on an AMX / AVX-512 BF16 CPU: the job computes in bf16 (its steps cost
     about 0.57x an fp32 step's) and takes the steps default of such a CPU; 'checkpoint' keeps
     the checkpoint's dtype and the plain CPU default."""
-    from extension.options import BY_NAME, defaults_for_device
-    from extension.spec import ExtendSpec
+    from extension.plan.options import BY_NAME, defaults_for_device
+    from extension.plan.spec import ExtendSpec
 
     monkeypatch.setattr(devices, "cpu_computes_bf16", lambda: True)
     fast = resolve_placement("cpu")

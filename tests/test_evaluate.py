@@ -1,4 +1,4 @@
-"""extension/evaluate.py: bits per byte, tokens per byte, new-token usage, before/after."""
+"""extension/evaluation/metrics.py: bits per byte, tokens per byte, new-token usage, before/after."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from extension import evaluate
-from extension.evaluate import (
+from extension.evaluation import scoring as evaluate
+from extension.evaluation import (
     GeneralText,
     chunk_documents,
     compare,
@@ -248,8 +248,8 @@ def test_gemma_soft_capped_logits_and_big_vocab(gemma3_tokenizer):
 
 def test_rows_adapter_attached_and_merged_score_the_same(smollm2_tokenizer):
     """The pipeline may score a model with the rows adapter attached or after merge()."""
-    from extension.init import subword_mean_rows
-    from extension.rows import attach
+    from extension.rows.init import subword_mean_rows
+    from extension.rows.adapter import attach
     from extension.tokenizer import extend_tokenizer
 
     extended = extend_tokenizer(smollm2_tokenizer, ["hypertext", "immunohistochemistry", "backpropagation"])

@@ -15,9 +15,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from app.cli import main
-from extension.evaluate import read_fortune_file
-from extension.init import RowInitializer, is_tied
-from extension.publish import sha256_file
+from extension.evaluation import read_fortune_file
+from extension.rows.init import RowInitializer, is_tied
+from extension.publishing.folder import sha256_file
 from extension.tokenizer import extend_tokenizer, read_terms_file
 
 REPO = Path(__file__).resolve().parent.parent

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from extension.init import apply_rows, is_tied, subword_mean_rows
+from extension.rows.init import apply_rows, is_tied, subword_mean_rows
 from extension.tokenizer import NewToken
 from tests.conftest import tiny_gemma3, tiny_gpt2, tiny_llama
 
@@ -136,7 +136,7 @@ def test_padding_rows_stay_below_one_over_vocab_for_any_hidden_state():
 
 
 def test_norm_corrected_mean_points_like_the_mean_with_its_pieces_mean_norm():
-    from extension.init import norm_corrected
+    from extension.rows.init import norm_corrected
 
     model = tiny_llama(BASE, tied=False)
     tokens = new_tokens()
@@ -153,7 +153,7 @@ def test_norm_corrected_mean_points_like_the_mean_with_its_pieces_mean_norm():
 
 
 def test_auto_distils_trained_corpus_jobs_only():
-    from extension.init import init_method, row_method
+    from extension.rows.init import init_method, row_method
 
     assert init_method("auto", 100, corpus=True) == "distill" and row_method("distill") == "composition"
     assert init_method("auto", 100, corpus=False) == "composition"

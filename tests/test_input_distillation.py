@@ -1,4 +1,4 @@
-"""Init 'distill' (extension/input_distillation.py): the new INPUT rows are trained so the model
+"""Init 'distill' (extension/training/input_distillation.py): the new INPUT rows are trained so the model
 reads the text after a new token as it reads it after the token's original pieces; nothing else
 moves. Tiny random models for the mechanism, `tide extend --init distill` for the door."""
 
@@ -9,9 +9,9 @@ import json
 import torch
 
 from app.cli import main
-from extension.init import NewRows, subword_mean_rows
-from extension.input_distillation import DISTILLED_NAME, _batch_loss, distill_input_rows, window_contexts
-from extension.rows import attach
+from extension.rows.init import NewRows, subword_mean_rows
+from extension.training.input_distillation import DISTILLED_NAME, _batch_loss, distill_input_rows, window_contexts
+from extension.rows.adapter import attach
 from extension.tokenizer import NewToken
 from tests.conftest import tiny_llama
 from tests.service.conftest import foldoc_documents

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from app.cli import main
-from extension.decisions import decision_sentences
+from extension.publishing.decisions import decision_sentences
 from tests.service.conftest import foldoc_documents
 
 SMALL = ["--batch-size", "2", "--seq-len", "32", "--eval-bytes", "1000", "--warmup-steps", "0", "--checkpoint-every", "0"]

@@ -1,4 +1,4 @@
-"""Memory planning (extension/memory_plan.py): the estimate's parts, and a job that cannot fit is
+"""Memory planning (extension/plan/memory.py): the estimate's parts, and a job that cannot fit is
 refused before its weights are read, with the figures and what to change."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import torch
 from transformers import LlamaConfig
 
 from app.cli import main
-from extension import memory_plan
-from extension.devices import Placement
-from extension.memory_plan import GIB, InsufficientMemoryError, check_plan, plan_job
+from extension.plan import memory as memory_plan
+from extension.plan.devices import Placement
+from extension.plan.memory import GIB, InsufficientMemoryError, check_plan, plan_job
 
 CPU = Placement(torch.device("cpu"))
 # SmolLM2-135M's shape (the real config's numbers), tied

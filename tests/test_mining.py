@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from extension.corpus import is_held_out, iter_documents, split_of
+from extension.plan.corpus import is_held_out, iter_documents, split_of
 from extension.errors import InvalidCorpusError, InvalidOptionError
 from extension.mining import MiningFilters, continue_bpe, mine_terms
 from extension.mining.filters import ANSI_ESCAPE

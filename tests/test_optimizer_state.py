@@ -1,4 +1,4 @@
-"""Growing an AdamW state for new rows (extension/optimizer_state.py) on tiny models: the bias-
+"""Growing an AdamW state for new rows (extension/training/optimizer_state.py) on tiny models: the bias-
 correction rescale, and every state that cannot be carried refused with its reason. The real
 Trainer runs (saved checkpoint through the CLI, live callback) are in test_training_runs.py."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from extension.errors import UnsupportedCheckpointError
-from extension.optimizer_state import grow_live_optimizer, grow_moments, trainer_checkpoint
+from extension.training.optimizer_state import grow_live_optimizer, grow_moments, trainer_checkpoint
 
 from .conftest import tiny_llama
 

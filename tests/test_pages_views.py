@@ -148,7 +148,7 @@ def test_term_rows_show_pieces_ids_and_fields_added_later():
 
 
 def test_the_verdict_says_what_selection_gave_up_and_why_training_stopped_as_the_api_names_options():
-    """The job page prints the CLI summary's and the card's sentences (extension/decisions.py),
+    """The job page prints the CLI summary's and the card's sentences (extension/publishing/decisions.py),
     with options named by their request fields."""
     from tests.test_decisions import MEDICAL
 

@@ -14,8 +14,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from extension.init import NewRows, is_tied
-from extension.rows import IGNORE_INDEX, attach
+from extension.rows.init import NewRows, is_tied
+from extension.rows.adapter import IGNORE_INDEX, attach
 
 from .conftest import tiny_gemma3, tiny_gpt2, tiny_llama
 

@@ -1,4 +1,4 @@
-"""The base model's evaluation scores are kept on disk (extension/score_cache.py): the same model
+"""The base model's evaluation scores are kept on disk (extension/evaluation/score_cache.py): the same model
 on the same text is not scored again and gives the very same numbers; another text, another
 model, another dtype or the extended model (new ids) are scored."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from extension.evaluate import GeneralText, evaluate_model
-from extension.score_cache import ScoreCache, model_fingerprint
+from extension.evaluation import GeneralText, evaluate_model
+from extension.evaluation.score_cache import ScoreCache, model_fingerprint
 from tests.service.conftest import foldoc_documents
 
 DOMAIN = foldoc_documents(12, skip=400)

@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from extension.corpus import HELD_OUT_FRACTION, TEST_FRACTION, split_documents, split_of, train_documents
-from extension.decisions import selection_sentence
-from extension.evaluate import read_fortune_file
-from extension.init import subword_mean_rows
+from extension.plan.corpus import HELD_OUT_FRACTION, TEST_FRACTION, split_documents, split_of, train_documents
+from extension.publishing.decisions import selection_sentence
+from extension.evaluation import read_fortune_file
+from extension.rows.init import subword_mean_rows
 from extension.selection import ValidationPlan, build_validation, keep_optimizer_rows, select_terms
 from extension.selection.plan import MIN_EVAL_TOKENS, STEP_COST_IN_SCORED_TOKENS, VALIDATION_SHARE
 from extension.selection.scoring import ChunkScore, TextScore
 from extension.selection.terms import (
     Unit, _UnitEffect, built_on_units, carry_rows, choose_removals, measure_terms, merges_rebuilder, term_units, terms_rebuilder, token_units,
 )
-from extension.evaluate import document_cap
+from extension.evaluation import document_cap
 from extension.selection.validation import chunks_within
 from extension.tokenizer import extend_tokenizer
 
@@ -169,7 +169,7 @@ def test_a_harmful_term_is_removed_and_the_tokenizer_stays_valid(smollm2, smollm
     assert survivors  # a bad row is charged to its own term, not to every term near it
 
     # each round records how short its tokens make the whole validation text, so the job can say
-    # what the removals gave up (extension/decisions.py)
+    # what the removals gave up (extension/publishing/decisions.py)
     assert all(r["tokens_per_byte"] < r["base_tokens_per_byte"] == validation.base.tokens / validation.bytes for r in chosen.rounds)
     if chosen.extended is not None:
         sentence = selection_sentence({"selection": chosen.to_json()})
@@ -304,7 +304,7 @@ def _init_rows(model, extension: dict) -> torch.Tensor:
 
     from transformers import AutoTokenizer
 
-    from extension.init import RowInitializer
+    from extension.rows.init import RowInitializer
     from extension.tokenizer import NewToken
 
     extended = SimpleNamespace(new_tokens=[NewToken(**t) for t in extension["new_tokens"]], merges=[tuple(m) for m in extension["merges"]],
@@ -343,7 +343,7 @@ def test_keep_all_terms_publishes_the_last_step_with_every_term_and_reports_on_t
         cli_env, spanish_corpus, tmp_path, smollm2):
     from transformers import AutoModelForCausalLM
 
-    from extension.evaluate import chunk_documents
+    from extension.evaluation import chunk_documents
 
     extension = _extend(tmp_path / "all", "--corpus", str(spanish_corpus), "--max-new-tokens", "24", "--keep-all-terms")
     assert extension["selection"] == {"mode": "none"}
@@ -364,7 +364,7 @@ def test_keep_all_terms_publishes_the_last_step_with_every_term_and_reports_on_t
 
 
 def test_the_card_names_each_removed_term_with_its_measured_reason():
-    from extension.card import selection_section
+    from extension.publishing.card import selection_section
 
     selection = {"mode": "validation", "best_step": 40, "validation": {"source": "corpus validation split", "bytes": 6000},
                  "removed": [{"term": " cual", "tokens": ["Ġcual"], "round": 1, "occurrences": 9, "net_bits": 52.0,
@@ -428,8 +428,8 @@ def test_a_job_cancelled_during_term_selection_is_cancelled_not_failed(tiny_mode
     `invalid_corpus` "no new token paid for itself". Through pipeline.run, the worker's door."""
     from extension import pipeline
     from extension.errors import JobCancelled
-    from extension.models import ModelSources
-    from extension.spec import Callbacks, ExtendSpec
+    from extension.plan.models import ModelSources
+    from extension.plan.spec import Callbacks, ExtendSpec
     from tests.service.conftest import foldoc_documents
 
     # Made-up words only in the training documents: every mined token is unused in the

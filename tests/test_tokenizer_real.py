@@ -149,13 +149,13 @@ def test_probe_text_keeps_its_ids(real):
 
 @pytest.mark.parametrize("real", ["smollm2"], indirect=True)
 def test_new_rows_start_from_the_original_pieces(real, smollm2_path):
-    # Each new row of the real SmolLM2, initialised by extension.init, is the mean of the base
+    # Each new row of the real SmolLM2, initialised by extension.rows.init, is the mean of the base
     # rows of the token's original pieces: the base BPE of a merged string (intermediates, which
     # may end inside a UTF-8 character, included), the base encoding of an added token's text.
     import torch
     from transformers import AutoModelForCausalLM
 
-    from extension.init import apply_rows, subword_mean_rows
+    from extension.rows.init import apply_rows, subword_mean_rows
 
     _, base, extended, _, _ = real
     model = AutoModelForCausalLM.from_pretrained(smollm2_path)

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from extension.errors import InvalidCorpusError, InvalidOptionError, JobCancelled
-from extension.init import NewRows, is_tied
-from extension.rows import attach
-from extension.spec import Callbacks
-from extension.train import (
+from extension.rows.init import NewRows, is_tied
+from extension.rows.adapter import attach
+from extension.plan.spec import Callbacks
+from extension.training.loop import (
     CHECKPOINT_NAME,
     TokenWindows,
     TrainConfig,
@@ -147,7 +147,7 @@ def test_lr_schedule_warms_up_then_decays():
 
 def test_embedding_rows_get_the_lr_multiplier():
     _, adapter = _setup(False)
-    from extension.train import param_groups
+    from extension.training.loop import param_groups
 
     groups = param_groups(adapter, TrainConfig(embedding_lr_multiplier=5, weight_decay=0.0))
     assert [(g["name"], g["lr_scale"], g["weight_decay"]) for g in groups] == [
@@ -160,7 +160,7 @@ def test_embedding_rows_get_the_lr_multiplier():
      ("lr", 0.0, "--lr"), ("weight_decay", -0.1, "--weight-decay")],
 )
 def test_bad_values_name_the_option_and_range(field, value, flag):
-    from extension.options import option_error_for
+    from extension.plan.options import option_error_for
 
     model = tiny_llama()
     with pytest.raises(InvalidOptionError) as caught:
@@ -203,7 +203,7 @@ def test_window_prefix_is_prepended():
     assert batch.shape == (2, 17) and (batch[:, 0] == 1).all() and torch.equal(batch[0, 1:], tokens[:16])
 
 
-# -- terms-only data (extension.distill) -------------------------------------------------------
+# -- terms-only data (extension.training.term_contexts) -------------------------------------------------------
 @pytest.fixture(scope="module")
 def smollm2_extended(smollm2_tokenizer):
     from extension.tokenizer import extend_tokenizer
@@ -217,7 +217,7 @@ def tiny_49k():
 
 
 def test_teacher_ids_expand_new_tokens_to_their_original_pieces(smollm2_extended, smollm2_tokenizer):
-    from extension.distill import expand
+    from extension.training.term_contexts import expand
 
     text = "Old Fortran code on a Macintosh."
     student = smollm2_extended.tokenizer(text)["input_ids"]
@@ -231,7 +231,7 @@ def test_teacher_ids_expand_new_tokens_to_their_original_pieces(smollm2_extended
 
 
 def test_distillation_targets_move_the_piece_chain_to_the_new_token(smollm2_extended, tiny_49k):
-    from extension.distill import TermContextObjective
+    from extension.training.term_contexts import TermContextObjective
 
     ext = smollm2_extended
     model = tiny_49k
@@ -262,19 +262,19 @@ def test_distillation_targets_move_the_piece_chain_to_the_new_token(smollm2_exte
 
 
 def test_generated_contexts_are_seeded_and_cached(smollm2_extended, tiny_49k, tmp_path):
-    from extension.distill import CONTEXTS_FILE, term_contexts
+    from extension.training.term_contexts import CONTEXTS_FILE, term_contexts
 
     first = term_contexts(tiny_49k, smollm2_extended, per_term=2, max_new_tokens=6, seed=1, work_dir=tmp_path)
     assert len(first) == 4 and (tmp_path / CONTEXTS_FILE).exists()
     assert "Macintosh" in first[0] and "Fortran" in first[2]
     assert term_contexts(tiny_49k, smollm2_extended, per_term=2, max_new_tokens=6, seed=1, work_dir=tmp_path) == first
-    from extension.distill import generate_texts
+    from extension.training.term_contexts import generate_texts
 
     assert generate_texts(tiny_49k, smollm2_extended, per_term=2, max_new_tokens=6, seed=1) == first
 
 
 def test_generation_reports_its_progress(smollm2_extended, tiny_49k):
-    from extension.distill import generate_texts
+    from extension.training.term_contexts import generate_texts
 
     heard: list[tuple[int, int]] = []
     texts = generate_texts(tiny_49k, smollm2_extended, per_term=3, max_new_tokens=4, seed=1, batch_size=4,
@@ -284,7 +284,7 @@ def test_generation_reports_its_progress(smollm2_extended, tiny_49k):
 
 @pytest.mark.parametrize("objective", ["distill", "lm"])
 def test_terms_objectives_train(smollm2_extended, tiny_49k, objective):
-    from extension.distill import TermContextObjective
+    from extension.training.term_contexts import TermContextObjective
 
     texts = ["The Fortran compiler.", "A Macintosh computer runs Fortran programs.", "Fortran is old."]
     data = TermContextObjective(texts, smollm2_extended, batch_size=2, seq_len=32, objective=objective)
@@ -306,9 +306,9 @@ def test_loss_goes_down_on_real_text_with_smollm2(smollm2_path, smollm2_tokenize
 
     from transformers import AutoModelForCausalLM
 
-    from extension.init import subword_mean_rows
+    from extension.rows.init import subword_mean_rows
     from extension.tokenizer import extend_tokenizer
-    from extension.train import corpus_windows
+    from extension.training.loop import corpus_windows
 
     with gzip.open("/usr/share/dictd/foldoc.dict.dz", "rt", encoding="utf-8") as handle:
         lines = [line.strip() for line in itertools.islice(handle, 20_000, 26_000)]
@@ -352,7 +352,7 @@ def test_bf16_base_with_fp32_rows_merges_into_the_original_dtype():
 
 
 def test_term_contexts_fit_the_sequence_length_on_both_sides(smollm2_extended):
-    from extension.distill import TermContextObjective
+    from extension.training.term_contexts import TermContextObjective
 
     texts = ["Fortran Macintosh Fortran Macintosh Fortran Macintosh Fortran Macintosh Fortran"]
     data = TermContextObjective(texts, smollm2_extended, batch_size=1, seq_len=7)

@@ -79,7 +79,7 @@ def _assert_carried(before: dict, after: dict, vocab_names: set[str], base_vocab
 
 
 def _vocab_names(model) -> set[str]:
-    from extension.optimizer_state import vocab_parameters
+    from extension.training.optimizer_state import vocab_parameters
 
     roles = vocab_parameters(model)
     return {name for name, p in model.named_parameters() if id(p) in roles}
@@ -94,7 +94,7 @@ def test_saved_checkpoint_extended_by_the_cli_resumes(base_path, tmp_path):
     from transformers import Trainer
 
     from app.cli import main
-    from extension.init import is_tied
+    from extension.rows.init import is_tied
 
     kind, path = base_path
     model, tokenizer = _load(path)
@@ -126,7 +126,7 @@ def test_saved_checkpoint_extended_by_the_cli_resumes(base_path, tmp_path):
     names = [[n for n, _ in group] for group in [list(extended.named_parameters())]][0]
     saved_before = torch.load(checkpoint / "optimizer.pt", weights_only=True)
     saved_after = torch.load(out / "optimizer.pt", weights_only=True)
-    from extension.optimizer_state import trainer_parameter_order
+    from extension.training.optimizer_state import trainer_parameter_order
 
     order = [name for group in trainer_parameter_order(extended) for name in group]
     assert sorted(order) == sorted(names)

@@ -29,12 +29,12 @@ from app.db.models import Job, StoredFile, utcnow
 from app.settings import Settings
 from app.storage import job_archive, job_artifacts_dir, job_work_dir, model_dir, remove_tree
 from extension.errors import InvalidOptionError, JobCancelled, TideError
-from extension.options import OPTIONS, option_error_for
-from extension.spec import Callbacks, ExtendSpec
+from extension.plan.options import OPTIONS, option_error_for
+from extension.plan.spec import Callbacks, ExtendSpec
 
 log = logging.getLogger("tide.worker")
 
-# Pipeline inputs -> the request field a client wrote (options are named by extension.options).
+# Pipeline inputs -> the request field a client wrote (options are named by extension.plan.options).
 _INPUT_PARAMS = {"corpus": "corpus_file_id", "corpus_path": "corpus_file_id", "out": None}
 _PROGRESS_WRITE_S = 0.5  # job row: at most twice a second
 _PROGRESS_EVENT_S = 5.0  # progress events (loss history): at most every 5 s

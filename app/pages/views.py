@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from extension.decisions import decision_sentences
-from extension.spec import STAGES
+from extension.publishing.decisions import decision_sentences
+from extension.plan.spec import STAGES
 
 # The fields that say what a job works on; the form lays these out by hand (paste or upload).
 # Every other field of the request schema is an option and is rendered from the schema.

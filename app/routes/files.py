@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from extension.corpus import CorpusFormat, check_corpus
+from extension.plan.corpus import CorpusFormat, check_corpus
 from extension.errors import InvalidCorpusError
 
 from ..db.files import FileInUse, FileNotFound, owned_file, users_of

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from extension.models import BUILTIN_MODELS, available_local_models
+from extension.plan.models import BUILTIN_MODELS, available_local_models
 
 from ..deps import KeyDep, SettingsDep
 from ..schemas import ModelInfo, ModelList

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
-from ..corpus import is_held_out
+from ..plan.corpus import is_held_out
 from ..errors import JobCancelled
 
 _BATCH = 256

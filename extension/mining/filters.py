@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from functools import lru_cache
 from itertools import product
 
-from ..options import DEFAULTS
+from ..plan.options import DEFAULTS
 
 # CSI sequences (colours, cursor moves), OSC sequences (titles, hyperlinks) and two-byte escapes.
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")

@@ -17,9 +17,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from ..corpus import is_held_out, iter_documents
+from ..plan.corpus import is_held_out, iter_documents
 from ..errors import InvalidCorpusError, JobCancelled
-from ..options import BY_NAME, DEFAULTS
+from ..plan.options import BY_NAME, DEFAULTS
 from .bpe_continuation import Continuation, continue_bpe
 from .check import EncodingCheck, compare_encodings
 from .whole_words import join_whole_words

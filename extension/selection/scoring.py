@@ -1,9 +1,9 @@
 """Per-token losses of a text, kept per token (with where each token ends) so that two
 tokenizations of the same text can be compared piece by piece (attribution.py).
 
-The text is scored exactly as extension.evaluate scores it — the same byte-cut chunks, each
+The text is scored exactly as extension.evaluation.metrics scores it — the same byte-cut chunks, each
 after the one context token — so bits per byte here and in the job's report mean the same. The
-model is either plain or has new rows attached (extension.rows): both give their logits through
+model is either plain or has new rows attached (extension.rows.adapter): both give their logits through
 `get_output_embeddings()` (the attached head pads and soft-caps itself).
 """
 

@@ -32,8 +32,8 @@ from typing import Callable
 import torch
 
 from ..errors import JobCancelled
-from ..init import NewRows, RowInitializer
-from ..rows import attach
+from ..rows.init import NewRows, RowInitializer
+from ..rows.adapter import attach
 from .attribution import TokenEffect, token_effects
 from .plan import MAX_RESTORE_TRIES, MAX_SELECTION_ROUNDS, ROUNDS_REMOVING_ALL_HARMFUL
 from .validation import ValidationSet
@@ -357,7 +357,7 @@ def carry_rows(model, old, old_rows: NewRows, new, initial_rows: RowInitializer 
 
 
 def _subword_means(model, extended) -> NewRows:
-    from ..init import subword_mean_rows
+    from ..rows.init import subword_mean_rows
 
     return subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size)
 

@@ -1,7 +1,7 @@
 """The validation text of a job, scored once by the base model, then once per candidate.
 
-Corpus jobs: the corpus's validation split (extension.corpus.split_of). Terms-only jobs: the
-held-out share of the contexts the base model wrote for the terms (extension.distill); the base
+Corpus jobs: the corpus's validation split (extension.plan.corpus.split_of). Terms-only jobs: the
+held-out share of the contexts the base model wrote for the terms (extension.training.term_contexts); the base
 model wrote that text, so it is a guard (training must not make it worse than the init), not a
 test of the terms.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..evaluate import DEFAULT_CHUNK_BYTES, chunk_documents, context_token_id, document_cap
+from ..evaluation.scoring import DEFAULT_CHUNK_BYTES, chunk_documents, context_token_id, document_cap
 from .plan import MIN_VALIDATION_BYTES, SELECTION_MAX_BYTES, ValidationPlan
 from .scoring import TextScore, score_text
 

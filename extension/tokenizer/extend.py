@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from ..errors import InvalidOptionError, InvalidTermsError
-from ..options import DEFAULTS
+from ..plan.options import DEFAULTS
 from .base_view import BaseView
 from .contexts import joined_with_context, terms_failing_in_context
 from .merge_plan import Candidate, MergePlan, plan_merges

@@ -11,7 +11,7 @@ from typing import Iterable
 import regex
 
 from ..errors import InvalidTermsError
-from ..options import BY_NAME, DEFAULTS
+from ..plan.options import BY_NAME, DEFAULTS
 from .results import SkippedTerm
 
 # Decided by Unicode property, not by a list of characters we happen to know: every code point

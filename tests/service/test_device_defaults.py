@@ -1,5 +1,5 @@
 """Options whose default depends on the device the job runs on (`device_defaults` in
-extension/options.py; today training.steps: 150 on a CPU, 250 on a CPU that computes bf16 in
+extension/plan/options.py; today training.steps: 150 on a CPU, 250 on a CPU that computes bf16 in
 hardware (precision auto), 400 on a GPU, and
 training.max_train_seconds: 7200 and 3600). A request leaves them unset; the server's limits and
 the job's progress account for every device its workers may have; the worker fills in its own
@@ -12,9 +12,9 @@ import json
 import pytest
 import torch
 
-from extension.devices import cpu_computes_bf16
-from extension.options import BY_NAME, defaults_for_device
-from extension.spec import ExtendSpec
+from extension.plan.devices import cpu_computes_bf16
+from extension.plan.options import BY_NAME, defaults_for_device
+from extension.plan.spec import ExtendSpec
 
 from .conftest import TINY_MODEL, wait_for_status
 from .test_api_inputs import assert_error, submit

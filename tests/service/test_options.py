@@ -1,7 +1,7 @@
 """Every job option walked through the three doors — CLI, HTTP API, library — showing the same
 default and the same range, and an error that names the option the way each caller knows it.
 
-The declarations live once in extension/options.py; this test fails if any door drifts from it.
+The declarations live once in extension/plan/options.py; this test fails if any door drifts from it.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from extension.errors import InvalidOptionError
-from extension.options import OPTIONS, Option
+from extension.plan.options import OPTIONS, Option
 
 from .conftest import TINY_MODEL
 
@@ -61,8 +61,8 @@ def test_cli_has_the_option_with_its_default_and_range(option):
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.name)
 def test_library_spec_default_and_range(option):
-    from extension.job_plan import validate_spec
-    from extension.spec import ExtendSpec
+    from extension.plan.job import validate_spec
+    from extension.plan.spec import ExtendSpec
 
     spec = ExtendSpec(base_model="m", out_dir="o", terms=["kernel"])
     assert getattr(spec, option.name) == option.unset_default
@@ -132,13 +132,13 @@ def test_api_schema_and_errors_match(option, client, auth):
 # Library parameters that mean an option: their defaults must BE the option table's (DEFAULTS[...]),
 # not a literal that happens to equal it today.
 LIBRARY_DEFAULTS = [
-    ("extension/init.py", "apply_rows", "pad_to_multiple_of"),
-    ("extension/rows.py", "attach", "pad_to_multiple_of"),
-    ("extension/rows.py", "RowsAdapter.__init__", "pad_to_multiple_of"),
+    ("extension/rows/init.py", "apply_rows", "pad_to_multiple_of"),
+    ("extension/rows/adapter.py", "attach", "pad_to_multiple_of"),
+    ("extension/rows/adapter.py", "RowsAdapter.__init__", "pad_to_multiple_of"),
     ("extension/tokenizer/extend.py", "extend_tokenizer", "max_term_chars"),
     ("extension/tokenizer/terms.py", "clean_terms", "max_term_chars"),
-    ("extension/evaluate.py", "evaluate_model", "eval_max_bytes"),
-    ("extension/evaluate.py", "score_documents", "eval_max_bytes"),
+    ("extension/evaluation/metrics.py", "evaluate_model", "eval_max_bytes"),
+    ("extension/evaluation/scoring.py", "score_documents", "eval_max_bytes"),
 ]
 
 
@@ -164,8 +164,8 @@ def test_library_defaults_are_the_option_tables(path, function, option):
 
 def test_device_options_help_names_every_accepted_value(capsys):
     from app.cli import main
-    from extension.device_options import DEVICE_MAP_STRATEGIES, DEVICES, MAP_DEVICES
-    from extension.options import BY_NAME
+    from extension.plan.device_options import DEVICE_MAP_STRATEGIES, DEVICES, MAP_DEVICES
+    from extension.plan.options import BY_NAME
 
     with pytest.raises(SystemExit):
         main(["extend", "--help"])

@@ -219,7 +219,7 @@ def test_an_invalid_form_shows_the_servers_error_next_to_the_field(browser, live
     _fill(browser, "opt-training-batch_size", "0")
     _submit_form(browser)
     error = _wait(lambda: _text(browser, "#opt-training-batch_size-error"), 10, "no error beside batch size")
-    from extension.options import BY_NAME
+    from extension.plan.options import BY_NAME
 
     assert error == f"Error: training.batch_size must be {BY_NAME['batch_size'].valid_range()}, got 0"
     assert _in_view(browser, browser.find_element(By.ID, "opt-training-batch_size-error"))

@@ -1,12 +1,12 @@
 """The training data of a job: corpus windows when it has a corpus, else contexts the base model
 writes for the terms. One place that knows both objectives, so neither the training loop
-(extension/train.py) nor the terms objective (extension/distill.py) imports the other."""
+(extension/training/loop.py) nor the terms objective (extension/training/term_contexts.py) imports the other."""
 
 from __future__ import annotations
 
-from . import distill
-from .spec import Callbacks
-from .train import DEFAULT_SAMPLING, TrainConfig, corpus_windows, max_positions
+from . import term_contexts as distill
+from ..plan.spec import Callbacks
+from .loop import DEFAULT_SAMPLING, TrainConfig, corpus_windows, max_positions
 
 DEFAULT_TERMS_OBJECTIVE = "distill"
 

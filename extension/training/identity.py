@@ -1,5 +1,5 @@
 """What a run's checkpoints and cached contexts belong to: the base model and the new tokens.
-Shared by the training loop (extension/train.py) and the terms objective (extension/distill.py)."""
+Shared by the training loop (extension/training/loop.py) and the terms objective (extension/training/term_contexts.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Before/after metrics of an extension: bits per byte, tokens per byte, new-token usage.
+"""Scoring text in bits per byte, identically for every tokenizer.
 
 Two tokenizers cut the same text into different numbers of tokens, so loss per token cannot
 compare them; loss per UTF-8 byte can. Bits per byte = total next-token NLL / (ln 2 x bytes).
@@ -19,9 +19,9 @@ Big vocabularies: the full [batch, seq, vocab] logits are never built. The decod
 states are computed once per batch and the head + log-softmax run over slices of positions, in
 fp32, sized so one slice holds about `logit_elements` floats. The forward runs in the model's own
 dtype, on the model's device, with no gradient; each forward scores as many chunks as fit in
-`batch_tokens` tokens (default: from the device, extension.devices.eval_batch_tokens).
+`batch_tokens` tokens (default: from the device, extension.plan.devices.eval_batch_tokens).
 
-The base model's scores can be kept on disk (`score_cache`, extension/score_cache.py): a second
+The base model's scores can be kept on disk (`score_cache`, extension/evaluation/score_cache.py): a second
 job on the same base model and text reads them instead of scoring again. Models whose logits are not `head(decoder(x))` (plus Gemma-style final
 soft-capping) are detected with one short comparison against the full forward, and then scored
 through the full forward in small batches instead.
@@ -30,66 +30,15 @@ through the full forward in small batches instead.
 from __future__ import annotations
 
 import math
-import re
-import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import torch
 
-from .options import DEFAULTS
+from ..plan.options import DEFAULTS
 
 DEFAULT_CHUNK_BYTES = 1024
 DEFAULT_LOGIT_ELEMENTS = 1 << 24  # 64 MB of fp32 logits per slice
-
-# General English text for the retention metric, first one present wins. The fortunes file is
-# plain everyday English (Debian's `fortunes`, installed by scripts/setup.sh); Python's own
-# documentation topics ship with every CPython, so a default always exists.
-FORTUNES_PATH = Path("/usr/share/games/fortunes/fortunes")
-PYDOC_TOPICS = "pydoc_data.topics"
-
-_FORTUNE_SEPARATOR = re.compile(r"^%\s*$", re.MULTILINE)
-
-
-@dataclass(frozen=True)
-class GeneralText:
-    """Documents of general text plus where they came from (recorded in the metrics, so a name,
-    never a path: metrics reach the service's clients)."""
-
-    documents: list[str]
-    source: str
-
-
-def read_fortune_file(path: Path) -> list[str]:
-    """Entries of a fortune(6) file: blocks separated by lines holding only '%'."""
-    text = Path(path).read_text(encoding="utf-8")
-    return [entry.strip("\n") for entry in _FORTUNE_SEPARATOR.split(text) if entry.strip()]
-
-
-def _pydoc_documents() -> list[str]:
-    from pydoc_data import topics
-
-    return [topics.topics[name].strip("\n") for name in sorted(topics.topics) if topics.topics[name].strip()]
-
-
-def load_general_text(path: Path | str | None = None) -> GeneralText:
-    """The general-English text used for retention.
-
-    `path` overrides the default: a fortune file ('%' lines between entries) or any corpus file
-    that `extension.corpus.iter_documents` reads (blank-line separated text, or JSONL).
-    """
-    if path is not None:
-        path = Path(path)
-        head = path.read_text(encoding="utf-8", errors="replace")[:65536] if path.is_file() else ""
-        if _FORTUNE_SEPARATOR.search(head):
-            return GeneralText(read_fortune_file(path), path.name)
-        from .corpus import iter_documents
-
-        return GeneralText(list(iter_documents(path)), path.name)
-    if FORTUNES_PATH.is_file():
-        return GeneralText(read_fortune_file(FORTUNES_PATH), "debian:fortunes")
-    return GeneralText(_pydoc_documents(), "python:" + PYDOC_TOPICS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,7 +287,7 @@ def score_documents(
                 on_scored(len(chunks))
             return cached
     if batch_tokens is None:
-        from .devices import eval_batch_tokens
+        from ..plan.devices import eval_batch_tokens
 
         batch_tokens = eval_batch_tokens(model)
     scorer = Scorer(model, batch_tokens=batch_tokens, logit_elements=logit_elements)
@@ -370,166 +319,3 @@ def score_documents(
     if cache_key is not None:
         score_cache.put(cache_key, result)
     return result
-
-
-def evaluate_model(
-    model,
-    tokenizer,
-    domain_docs: Iterable[str] | None,
-    general_text: GeneralText | str | Sequence[str] | None,
-    *,
-    new_token_ids: Iterable[int] | None = None,
-    max_bytes: int | None = DEFAULTS["eval_max_bytes"],
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    general_max_bytes: int | None = None,
-    batch_tokens: int | None = None,
-    context_id: int | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
-    score_cache=None,
-) -> dict:
-    """Score held-out domain documents and general text with one model + tokenizer.
-
-    `on_progress(done, total)` hears how many of the chunks (domain and general together) are
-    scored, batch by batch: on a CPU a 135M model takes tens of seconds for the default budget.
-    `batch_tokens` (tokens per forward) defaults to the device's (devices.eval_batch_tokens);
-    `score_cache` keeps and reuses the scores of a model scored without `new_token_ids`.
-
-    `domain_docs` None or empty (a terms-only job) gives `"domain": None`; likewise for
-    `general_text`. `general_max_bytes` defaults to `max_bytes`. The result is JSON-ready:
-
-        {"domain": {bits_per_byte, tokens_per_byte, bits_per_token, bytes, tokens, documents,
-                    chunks, new_tokens, new_token_usage, distinct_new_tokens_used} | None,
-         "general": {same keys, plus "source"} | None,
-         "settings": {chunk_bytes, max_bytes, general_max_bytes, context_token_id, context_token,
-                      dtype},
-         "seconds": float}
-    """
-    started = time.perf_counter()
-    new_ids = None if new_token_ids is None else sorted(set(int(i) for i in new_token_ids))
-    context = context_token_id(tokenizer) if context_id is None else context_id
-    if isinstance(general_text, str):
-        general_text = GeneralText([general_text], "text")
-    elif general_text is not None and not isinstance(general_text, GeneralText):
-        general_text = GeneralText(list(general_text), "documents")
-    general_limit = max_bytes if general_max_bytes is None else general_max_bytes
-    on_scored = None
-    domain_docs = list(domain_docs or [])
-    # the user's held-out documents span as many as the budget allows (document_cap); the general
-    # text is one fixed reference, read from its start
-    domain_cap = document_cap([len(doc.encode("utf-8")) for doc in domain_docs], max_bytes, chunk_bytes)
-    if on_progress is not None:
-        total = sum(len(doc) for doc in chunk_documents(domain_docs, chunk_bytes, max_bytes, domain_cap))
-        if general_text is not None:
-            total += sum(len(doc) for doc in chunk_documents(general_text.documents, chunk_bytes, general_limit))
-        done = 0
-
-        def on_scored(count: int) -> None:
-            nonlocal done
-            done += count
-            on_progress(done, total)
-
-        on_progress(0, total)
-    common = dict(new_token_ids=new_ids, chunk_bytes=chunk_bytes, batch_tokens=batch_tokens, context_id=context,
-                  on_scored=on_scored, score_cache=score_cache)
-    domain = score_documents(model, tokenizer, domain_docs, max_bytes=max_bytes, document_bytes=domain_cap, **common)
-    general = None
-    if general_text is not None:
-        general = score_documents(model, tokenizer, general_text.documents, max_bytes=general_limit, **common)
-        if general is not None:
-            general["source"] = general_text.source
-    return {
-        "domain": domain,
-        "general": general,
-        "settings": {
-            "chunk_bytes": chunk_bytes,
-            "max_bytes": max_bytes,
-            "document_bytes": domain_cap,
-            "general_max_bytes": general_limit,
-            "context_token_id": context,
-            "context_token": tokenizer.convert_ids_to_tokens(context),
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
-        },
-        "seconds": round(time.perf_counter() - started, 3),
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# Before / after
-
-COMPARED = (
-    ("domain", "bits_per_byte"),
-    ("domain", "tokens_per_byte"),
-    ("general", "bits_per_byte"),
-    ("general", "tokens_per_byte"),
-    # terms-only jobs: the held-out contexts the base model wrote (extension.pipeline._held_out_contexts)
-    ("held_out_contexts", "bits_per_byte"),
-    ("held_out_contexts", "tokens_per_byte"),
-)
-
-
-def compare(before: dict, after: dict) -> dict:
-    """Deltas and ratios of after vs before, keyed "<section>_<metric>" (e.g.
-    "domain_bits_per_byte": {before, after, delta, ratio}); metrics missing on either side are
-    left out. Also "domain_new_token_usage" (after only; the base has no new tokens)."""
-    result: dict[str, dict] = {}
-    for section, metric in COMPARED:
-        old = (before.get(section) or {}).get(metric)
-        new = (after.get(section) or {}).get(metric)
-        if old is None or new is None:
-            continue
-        result[f"{section}_{metric}"] = {
-            "before": old,
-            "after": new,
-            "delta": new - old,
-            "ratio": new / old if old else None,
-        }
-    usage = (after.get("domain") or {}).get("new_token_usage")
-    if usage is not None:
-        result["domain_new_token_usage"] = {"after": usage}
-    return result
-
-
-_LABELS = {
-    "domain_bits_per_byte": "Domain bits per byte (lower is better)",
-    "domain_tokens_per_byte": "Domain tokens per byte (lower is shorter)",
-    "general_bits_per_byte": "General-English bits per byte (retention)",
-    "general_tokens_per_byte": "General-English tokens per byte",
-    "held_out_contexts_bits_per_byte": "Held-out contexts bits per byte (terms-only; lower is better)",
-    "held_out_contexts_tokens_per_byte": "Held-out contexts tokens per byte (lower is shorter)",
-}
-
-
-def metrics_table(before: dict, after: dict) -> str:
-    """A small markdown table of the before/after metrics, for the model card."""
-    change = compare(before, after)
-    lines = ["| metric | base model | extended model | change |", "| --- | ---: | ---: | ---: |"]
-    for key, label in _LABELS.items():
-        if key not in change:
-            continue
-        row = change[key]
-        percent = "" if row["ratio"] is None else f"{(row['ratio'] - 1) * 100:+.2f}%"
-        lines.append(f"| {label} | {row['before']:.4f} | {row['after']:.4f} | {percent} |")
-    if "domain_new_token_usage" in change:
-        domain = after["domain"]
-        lines.append(
-            f"| Share of domain tokens that are new tokens | 0 | "
-            f"{change['domain_new_token_usage']['after'] * 100:.2f}% | "
-            f"{domain['distinct_new_tokens_used']} distinct |"
-        )
-    notes = []
-    if after.get("domain"):
-        notes.append(f"domain: {after['domain']['bytes']:,} bytes of held-out text")
-    if after.get("held_out_contexts"):
-        notes.append(f"held-out contexts: {after['held_out_contexts']['bytes']:,} bytes the base model wrote for the terms")
-    if after.get("general"):
-        notes.append(f"general: {after['general']['bytes']:,} bytes of {after['general']['source']}")
-    settings = after.get("settings") or {}
-    if settings:
-        notes.append(
-            f"scored in chunks of {settings['chunk_bytes']} bytes, each after "
-            f"`{settings['context_token']}`"
-        )
-    if notes:
-        lines.append("")
-        lines.append("Measured on " + "; ".join(notes) + ".")
-    return "\n".join(lines) + "\n"

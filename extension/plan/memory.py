@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .devices import Placement, available_host_memory, free_device_memory
-from .errors import InvalidOptionError
+from ..errors import InvalidOptionError
 
 GIB = 1024**3
 LOSS_CHUNK_ELEMENTS = 32 * 2**20  # rows.DEFAULT_LOSS_CHUNK_ELEMENTS

@@ -2,12 +2,12 @@
 
 Two ways to start a new row from the base rows of the token's ORIGINAL pieces (option `init`):
   composition   (the default) composed from its pieces the way the base vocabulary composes its
-                own merges (extension/composition.py): a regression fitted on the base merges
+                own merges (extension/rows/composition.py): a regression fitted on the base merges
   subword_mean  the mean of the pieces' rows
   subword_mean_norm  that mean rescaled to the mean norm of its pieces' rows (averaging vectors that
                 point different ways shortens them; NVIDIA's Nemotron tokenizer-extension recipe
                 corrects the norm so the new row reads with the weight of a real one)
-'distill' (extension/input_distillation.py) starts from the composition and distils the input
+'distill' (extension/training/input_distillation.py) starts from the composition and distils the input
 rows before training.
 Input rows come from the input matrix and, for untied models, output rows from the lm_head,
 separately (the head's bias, when it has one, is always the mean). Models that scale embeddings
@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .options import DEFAULTS
+from ..plan.options import DEFAULTS
 
 # Total probability of all padding rows must stay below this at every position (issue 2).
 PADDING_PROBABILITY_LIMIT = 1e-4

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from .errors import InvalidCorpusError
+from ..errors import InvalidCorpusError
 
 HELD_OUT_FRACTION = 0.10  # validation + test
 TEST_FRACTION = 0.05  # the lower half of the held-out hash range; validation is the upper half

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .models import SCORE_CACHE_MAX_BYTES
+from ..plan.models import SCORE_CACHE_MAX_BYTES
 
 SCORING_VERSION = 1
 _SAMPLES_PER_TENSOR = 64

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .init import NewRows, apply_rows, is_tied, padded_vocab_size
-from .options import DEFAULTS
+from ..plan.options import DEFAULTS
 
 IGNORE_INDEX = -100
 # fp32 elements of one chunk of logits in the loss: 32M = 128 MB, a few hundred positions of a

@@ -18,7 +18,7 @@ mean norm on the same merges. A fit that predicts the held-out merges no better 
 A new token is composed along its own merge: its two parts are base tokens or earlier new
 tokens (intermediates, composed first). A token no merge makes (an added token) is folded left
 to right over its original pieces. The input matrix and, on untied models, the head get their
-own fits; a head's bias keeps the subword mean (extension/init.py).
+own fits; a head's bias keeps the subword mean (extension/rows/init.py).
 """
 
 from __future__ import annotations

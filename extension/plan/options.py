@@ -1,7 +1,7 @@
 """Every option of a job, declared once: name, type, default, range, help and where it appears.
 
 The CLI flags (app/cli_extend.py, app/cli_mine.py), the HTTP API's request schema (app/schemas.py,
-and so /docs), `ExtendSpec` (extension/spec.py) and the library's own checks are all built from
+and so /docs), `ExtendSpec` (extension/plan/spec.py) and the library's own checks are all built from
 `OPTIONS`, so a new option is one entry here and the three can never disagree.
 
 An error about an option is raised as `InvalidOptionError(option=name, problem=...)`; each caller
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .device_options import DEVICE_MAP_STRATEGIES, DEVICES, MAP_DEVICES
-from .errors import InvalidOptionError
+from ..errors import InvalidOptionError
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ OPTIONS: tuple[Option, ...] = (
     # tokenizer and rows
     Option("max_term_chars", int, 64, "longest accepted term, in characters (on the service: the TIDE_MAX_TERM_CHARS setting)", 1, 1024, api_group=None),
     Option("pad_to_multiple_of", int, 64, "pad the vocabulary up to a multiple of this (1: no padding)", 1, 4096, api_group="root"),
-    # initial rows (extension/init.py, extension/composition.py, extension/input_distillation.py);
+    # initial rows (extension/rows/init.py, extension/rows/composition.py, extension/training/input_distillation.py);
     # measured in benchmarks/init_methods.py and, for 'distill' and 'subword_mean_norm' against the
     # composition, benchmarks/results/quality_{es,foldoc}_init_peers.md (chosen on those two only):
     # distill -6.03% / -1.93% against the base with every mined token kept, composition -4.79% /
@@ -203,7 +203,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("eval_max_bytes", int, 50_000, "bytes of held-out domain text, and of general text, scored before and after",
            1000, 100_000_000, api_group="evaluation", api_name="max_bytes", flag="--eval-bytes"),
     # where the job runs (the operator's choice: on the service, the TIDE_DEVICE / TIDE_DEVICE_MAP
-    # settings). The values are checked where the job runs (extension/devices.py), which is the
+    # settings). The values are checked where the job runs (extension/plan/devices.py), which is the
     # only place that knows whether a GPU is there.
     Option("device", str, "auto", f"device every stage runs on: {', '.join(DEVICES)} (auto: the worker's GPU, cuda:0, "
            "when it has one, else cpu) (on the service: the TIDE_DEVICE setting)", 1, 16, api_group=None),

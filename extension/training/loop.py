@@ -7,7 +7,7 @@ from it gives exactly the rows an uninterrupted run gives.
 
 What a step trains on is an objective with `loss(adapter, step) -> (summed loss, count)`:
 `TokenWindows` (next-token loss on a token stream, for corpus jobs) lives here;
-`extension.distill` builds the terms-only objective.
+`extension.training.term_contexts` builds the terms-only objective.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from typing import Iterable, Protocol
 
 import torch
 
-from .errors import InvalidCorpusError, InvalidOptionError, JobCancelled
-from .init import NewRows
-from .options import DEFAULTS, check_options
-from .rows import RowsAdapter
-from .spec import Callbacks
+from ..errors import InvalidCorpusError, InvalidOptionError, JobCancelled
+from ..rows.init import NewRows
+from ..plan.options import DEFAULTS, check_options
+from ..rows.adapter import RowsAdapter
+from ..plan.spec import Callbacks
 
 CHECKPOINT_NAME = "rows_checkpoint.pt"
 # Why training ended (TrainResult.stopped, metrics "training.stopped"): it ran every step, its time
@@ -48,7 +48,7 @@ DEFAULT_SAMPLING = "centred"
 
 @dataclass
 class TrainConfig:
-    """The training options a run uses (defaults and ranges: extension/options.py)."""
+    """The training options a run uses (defaults and ranges: extension/plan/options.py)."""
 
     steps: int = DEFAULTS["steps"]
     batch_size: int = DEFAULTS["batch_size"]
@@ -71,7 +71,7 @@ class TrainConfig:
         values = {name: getattr(spec, name) for name in names if hasattr(spec, name)}
         unset = sorted(name for name, value in values.items() if value is None)
         if unset:  # a caller's mistake, not the user's: run() fills these in from the job's device
-            raise ValueError(f"{', '.join(unset)} still unset: fill in extension.options.defaults_for_device first")
+            raise ValueError(f"{', '.join(unset)} still unset: fill in extension.plan.options.defaults_for_device first")
         return cls(**values)
 
     def validate(self, *, max_positions: int | None = None) -> "TrainConfig":
@@ -446,7 +446,7 @@ def corpus_windows(corpus_path: Path, tokenizer, *, base_vocab_size: int, config
                    sampling: str = DEFAULT_SAMPLING, text_field: str = "text", max_tokens: int | None = None) -> TokenWindows:
     """TokenWindows over the corpus's TRAIN documents (the split mining and evaluation share),
     tokenised with the extended tokenizer. Reads only as much as the run can use."""
-    from .corpus import train_documents
+    from ..plan.corpus import train_documents
 
     budget = max_tokens or min(20_000_000, max(1_000_000, 4 * config.steps * config.batch_size * config.seq_len))
     tokens = tokenize_documents(train_documents(Path(corpus_path), text_field=text_field), tokenizer, max_tokens=budget)

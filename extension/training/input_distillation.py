@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from .distill import expand
-from .init import NewRows
-from .rows import RowsAdapter
+from .term_contexts import expand
+from ..rows.init import NewRows
+from ..rows.adapter import RowsAdapter
 
 DISTILLED_NAME = "distilled_rows.pt"  # in a job's work folder, beside the training checkpoint
 
@@ -138,7 +138,7 @@ def distill_input_rows(adapter: RowsAdapter, contexts: list[list[int]], pieces: 
             order = torch.randperm(len(contexts), generator=generator).tolist()
             for start in range(0, len(order), batch_contexts):
                 if should_cancel is not None and should_cancel():
-                    from .errors import JobCancelled
+                    from ..errors import JobCancelled
 
                     raise JobCancelled("cancelled while distilling the new input rows")
                 loss = _batch_loss(adapter, [contexts[i] for i in order[start:start + batch_contexts]], pieces, pad)

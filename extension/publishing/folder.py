@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from .errors import OutputExistsError
+from ..errors import OutputExistsError
 
 MANIFEST = "manifest.json"
 

@@ -1,5 +1,5 @@
 """The forms of the `device` and `device_map` options, checked without torch (the API and the
-settings import this; the checks against the machine live in extension/devices.py)."""
+settings import this; the checks against the machine live in extension/plan/devices.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from .errors import InvalidOptionError
+from ..errors import InvalidOptionError
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # N: the number of a GPU
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate's names

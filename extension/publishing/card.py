@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .evaluate import metrics_table
+from ..evaluation.metrics import metrics_table
 from .decisions import decision_sentences
 
 _SHOWN_TERMS = 40

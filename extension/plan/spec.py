@@ -19,7 +19,7 @@ def _to_json(self) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in data.items()}
 
 
-# What a job asks for: its inputs, then every option of extension.options (defaults and ranges
+# What a job asks for: its inputs, then every option of extension.plan.options (defaults and ranges
 # live there, once), then how the caller runs it. Built from OPTIONS so a new option is one edit.
 ExtendSpec = make_dataclass(
     "ExtendSpec",

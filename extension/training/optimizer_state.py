@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import UnsupportedCheckpointError
+from ..errors import UnsupportedCheckpointError
 
 OPTIMIZER_NAME = "optimizer.pt"
 TRAINER_STATE_NAME = "trainer_state.json"

@@ -19,11 +19,11 @@ import torch
 
 from . import corpus as corpus_io
 from .devices import Placement, check_device_map, checkpoint_dtype, eval_batch_tokens_for, resolve_placement
-from .errors import InvalidOptionError
-from .memory_plan import MemoryPlan, check_plan, plan_for_spec
+from ..errors import InvalidOptionError
+from .memory import MemoryPlan, check_plan, plan_for_spec
 from .models import ModelSources, ResolvedModel, load_config, load_tokenizer, resolve_model
 from .options import check_options, defaults_for_device
-from .publish import check_output_dir, shard_limit
+from ..publishing.folder import check_output_dir, shard_limit
 
 
 @dataclass(frozen=True)
@@ -78,8 +78,8 @@ def plan_model(plan: JobPlan, sources: ModelSources) -> JobPlan:
     """The decisions that need the model's tokenizer and config (never its weights). Raises the
     error of a tokenizer TIDE cannot extend, a seq_len past the model's context, a device map
     that offloads the embedding, and a job that cannot fit its device."""
-    from .tokenizer import check_extendable
-    from .train import TrainConfig, max_positions
+    from ..tokenizer import check_extendable
+    from ..training.loop import TrainConfig, max_positions
 
     spec = plan.spec
     resolved = resolve_model(spec.base_model, sources, allow_local_paths=spec.allow_local_paths)

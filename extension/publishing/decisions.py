@@ -9,7 +9,7 @@ Metrics recorded before a field existed simply give fewer sentences.
 
 from __future__ import annotations
 
-from .options import BY_NAME
+from ..plan.options import BY_NAME
 
 # How an option is named where the sentence is read: the CLI's flag, the API's JSON path, or
 # both (the model card, read by users of either door).

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from .errors import ModelNotFoundError
+from ..errors import ModelNotFoundError
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class ModelSources:
     models_dir: Path | None = None
     allow_hub: bool = False
     hub_token: str | None = None
-    score_cache_max_bytes: int = SCORE_CACHE_MAX_BYTES  # what cache_dir/scores may hold (extension/score_cache.py)
+    score_cache_max_bytes: int = SCORE_CACHE_MAX_BYTES  # what cache_dir/scores may hold (extension/evaluation/score_cache.py)
 
 
 @dataclass(frozen=True)
@@ -251,7 +251,7 @@ def load_config(resolved: ResolvedModel, sources: ModelSources):
 
 def load_model(resolved: ResolvedModel, sources: ModelSources, *, dtype=None, placement=None, offload_folder=None):
     """Load the model. Without `placement` (or `dtype`): on the CPU in the checkpoint's dtype. With
-    an extension.devices.Placement: straight onto its device (or spread by its device map) in its
+    an extension.plan.devices.Placement: straight onto its device (or spread by its device map) in its
     compute dtype — a GPU job never makes an fp32 copy on the CPU first."""
     from transformers import AutoModelForCausalLM
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .device_options import DEVICE_MAP_STRATEGIES, device_map_problem, device_problem, parse_device_map  # noqa: F401
-from .errors import InvalidOptionError
+from ..errors import InvalidOptionError
 
 
 # Evaluation: tokens per forward. The CPU value is what evaluation always used (its numbers and

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from .identity import run_identity
-from .rows import IGNORE_INDEX, RowsAdapter
+from ..rows.adapter import IGNORE_INDEX, RowsAdapter
 
 OBJECTIVES = ("distill", "lm")
 # Neutral openings: the term appears at the start, after a word, and before a verb, so each
@@ -68,7 +68,7 @@ def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 
     `on_progress(done, total)` hears how many of the texts are written, after every batch: on a
     CPU this takes minutes. Runs on the model's device, `batch_size` prompts per generate() call
     (default: the device's, devices.generation_batch_size)."""
-    from .devices import generation_batch_size, model_device
+    from ..plan.devices import generation_batch_size, model_device
 
     tokenizer = extended.tokenizer
     batch_size = batch_size or generation_batch_size(model)
@@ -88,7 +88,7 @@ def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 
             on_progress(0, len(prompts))
         for start in range(0, len(prompts), batch_size):
             if should_cancel is not None and should_cancel():
-                from .errors import JobCancelled
+                from ..errors import JobCancelled
 
                 raise JobCancelled("cancelled while generating term contexts")
             batch = prompts[start : start + batch_size]
