@@ -11,6 +11,11 @@ extraction is under way waits for it (up to WAIT_FOR_EXTRACTION_S) rather than d
 check to the worker. Only where no tokenizer can be had in time is the job queued with a
 `check_deferred` event. Loaded tokenizers stay in memory, a few at a time, with transformers'
 PreTrainedTokenizerFast (no torch).
+
+transformers is imported, and the built-in tokenizers already on disk are loaded, while the API
+starts (warm_up, before it answers anything): its lazy module, imported by several request
+threads at once, raised ImportError in all but one of them (issue 38). The import also holds a
+lock, for an app served without its lifespan.
 """
 
 from __future__ import annotations
@@ -57,6 +62,14 @@ class BaseTokenizers:
             self._closed = False
         for name in BUILTIN_MODELS:
             self.folder(name)
+
+    def warm_up(self) -> None:
+        """Import transformers and load every built-in's tokenizer that is on disk (at start-up,
+        before the API answers): the first submits then find them in memory."""
+        tokenizer_class()
+        for name in BUILTIN_MODELS:
+            if self.folder(name) is not None:
+                self.get(name, wait_s=0)
 
     def close(self) -> None:
         """Stop extractions still running (at shutdown): no child process outlives the API."""
@@ -156,11 +169,21 @@ class BaseTokenizers:
                 self._building.pop(name).set()
 
 
-def _load(folder: Path):
-    from transformers import PreTrainedTokenizerFast
+_IMPORT_LOCK = threading.Lock()
 
+
+def tokenizer_class():
+    """transformers' PreTrainedTokenizerFast, imported by one thread at a time: transformers'
+    lazy module raises ImportError in the other threads of a concurrent first import."""
+    with _IMPORT_LOCK:
+        from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast
+
+
+def _load(folder: Path):
     try:
-        return PreTrainedTokenizerFast.from_pretrained(folder)
+        return tokenizer_class().from_pretrained(folder)
     except Exception as exc:  # a broken or unusual tokenizer folder: the worker will say what is wrong
         log.warning("could not load the tokenizer in %s for submit-time checks: %s", folder, exc)
         return None

@@ -50,6 +50,9 @@ async def _lifespan(app: FastAPI):
     # The built-in models' tokenizers, extracted now on a new data folder, so their jobs' terms
     # are checked at submit from the first request (app/base_tokenizers.py).
     app.state.base_tokenizers.prepare_builtins()
+    # transformers imported and the tokenizers on disk loaded before the server answers anything:
+    # parallel first submits all find them ready (issue 38).
+    await run_in_threadpool(app.state.base_tokenizers.warm_up)
     task = asyncio.create_task(_sweep_forever(app))
     try:
         yield
