@@ -21,7 +21,38 @@ from .results import SkippedTerm
 #   tags), Co private use, Cs surrogate halves, Cn unassigned, Zl/Zp line and paragraph
 #   separators, and Default_Ignorable_Code_Point: the Hangul fillers, U+034F, the variation
 #   selectors (U+FE00-FE0F, U+E0100-E01EF) and the rest Unicode says to render as nothing.
-_REFUSED = regex.compile(r"[\p{Cc}\p{Cf}\p{Co}\p{Cs}\p{Cn}\p{Zl}\p{Zp}\p{Default_Ignorable_Code_Point}]")
+# Also refused: separators other than U+0020 (a no-break space makes "foo\u00a0bar" a second term
+# that looks like "foo bar") and U+FFFD, which stands for bytes that could not be decoded.
+_REFUSED = regex.compile(
+    r"[\p{Cc}\p{Cf}\p{Co}\p{Cs}\p{Cn}\p{Zl}\p{Zp}\p{Default_Ignorable_Code_Point}\p{Zs}\uFFFD--\x20]", regex.V1
+)
+# Some of those invisible characters are part of a word or an emoji, where Unicode's rules give
+# them a meaning; there, and only there, they are kept (each match is one kept character, or a
+# whole tag sequence):
+#   ZWNJ and ZWJ after a virama (conjuncts and half forms of Indic scripts, Sinhala's ශ්‍රී), and
+#   ZWNJ between letters that join (Arabic script: Persian می‌خواهم) — the CONTEXTJ rules of
+#   RFC 5892 appendix A.1/A.2, also UAX #31 section 2.3;
+#   ZWJ inside an emoji ZWJ sequence (UTS #51 ED-16: pictographs, each with its VS16 or
+#   modifier, joined: 👩‍💻);
+#   VS15/VS16 after an emoji character (text or emoji presentation: ❤️, the keycap 1️⃣);
+#   the other variation selectors after an ideograph (ideographic variation sequences, CJK
+#   compatibility variants: 葛󠄀) or a mathematical symbol (standardized variants);
+#   Mongolian free variation selectors after a Mongolian letter;
+#   tag characters after an emoji, ended by CANCEL TAG (UTS #51 ED-14a: the England flag).
+_KEPT = regex.compile(
+    r"""
+      (?<=\p{Canonical_Combining_Class=Virama})[\u200C\u200D]
+    | (?<=[\p{Joining_Type=Dual_Joining}\p{Joining_Type=Left_Joining}]\p{Joining_Type=Transparent}*)
+      \u200C
+      (?=\p{Joining_Type=Transparent}*[\p{Joining_Type=Dual_Joining}\p{Joining_Type=Right_Joining}])
+    | (?<=\p{Extended_Pictographic}(?:\uFE0F|\p{Emoji_Modifier})?)\u200D(?=\p{Extended_Pictographic})
+    | (?<=\p{Emoji})[\uFE0E\uFE0F]
+    | (?<=[\p{Ideographic}\p{Sm}])[\uFE00-\uFE0D\U000E0100-\U000E01EF]
+    | (?<=\p{Script=Mongolian})[\u180B-\u180D\u180F]
+    | (?<=\p{Emoji}\uFE0F?)[\U000E0020-\U000E007E]+\U000E007F
+    """,
+    regex.VERBOSE,
+)
 _WHY = {
     "Cc": "a control character",
     "Cf": "an invisible format character: it makes the term display as another text",
@@ -30,23 +61,45 @@ _WHY = {
     "Cn": "an unassigned code point",
     "Zl": "a line break",
     "Zp": "a paragraph break",
+    "Zs": "a space other than U+0020 SPACE: the term would look like one written with a plain space; write U+0020",
 }
+# The characters _KEPT keeps in their place, refused elsewhere: the reason says where they belong.
+_OUT_OF_PLACE = [
+    (regex.compile(r"[\u200C\u200D]"), "an invisible joiner that joins nothing here (it is kept after a virama, between "
+     "letters that join, and inside an emoji ZWJ sequence): it makes the term display as another text"),
+    (regex.compile(r"\p{Variation_Selector}"), "an invisible variation selector that applies to nothing before it (it is "
+     "kept after an emoji, an ideograph, a mathematical symbol or a Mongolian letter)"),
+    (regex.compile(r"[\U000E0020-\U000E007F]"), "an invisible tag character outside an emoji tag sequence (an emoji, "
+     "tags, then U+E007F CANCEL TAG)"),
+    (regex.compile(r"\uFFFD"), "a replacement character: it stands for bytes that could not be decoded; fix the text's encoding"),
+]
 
 
 def _bad_character(term: str) -> str | None:
     """The first character `term` may not hold, named for the user ("U+200F RIGHT-TO-LEFT MARK
     (...)"); None when there is none."""
-    found = _REFUSED.search(term)
+    kept = {index for found in _KEPT.finditer(term) for index in range(*found.span())}
+    found = next((f for f in _REFUSED.finditer(term) if f.start() not in kept), None)
     if found is None:
+        if term and all(unicodedata.category(char).startswith("M") for char in term):
+            char = term[0]
+            return (f"only combining marks ({_named(char)}, ...): a mark belongs to the letter before it; "
+                    "give the term with its letter") if len(term) > 1 else (
+                    f"only {_named(char)}, a combining mark: it belongs to the letter before it; give the term with its letter")
         return None
     char = found.group()
-    code_point = f"U+{ord(char):04X}"
     category = unicodedata.category(char)
     if category == "Cc":
-        return f"the control character {code_point}"  # controls have no Unicode name
+        return f"the control character U+{ord(char):04X}"  # controls have no Unicode name
+    why = next((why for pattern, why in _OUT_OF_PLACE if pattern.match(char)), None)
+    why = why or _WHY.get(category, "an invisible character: it displays as nothing")
+    return f"{_named(char)} ({why})"
+
+
+def _named(char: str) -> str:
+    code_point = f"U+{ord(char):04X}"
     name = unicodedata.name(char, "")
-    why = _WHY.get(category, "an invisible character: it displays as nothing")
-    return f"{code_point} {name} ({why})" if name else f"{code_point} ({why})"
+    return f"{code_point} {name}" if name else code_point
 
 
 def read_terms_file(path) -> list[str]:
