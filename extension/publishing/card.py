@@ -48,8 +48,10 @@ def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str
         'tokenizer = AutoTokenizer.from_pretrained("THIS_FOLDER")',
         "```",
         "",
-        "`adapter/` holds the same new rows as a PEFT Trainable Tokens adapter for the base model "
-        f"resized to {vocab['vocab_size']:,} rows (`model.resize_token_embeddings({vocab['vocab_size']})`, "
+        "`adapter/` holds the same new rows as a PEFT Trainable Tokens adapter "
+        + ("(the embedding's; the tied head shares them) " if vocab["tied"] else "(the input embedding's and the output "
+           "head's, each their own) ")
+        + f"for the base model resized to {vocab['vocab_size']:,} rows (`model.resize_token_embeddings({vocab['vocab_size']})`, "
         "then `PeftModel.from_pretrained(model, 'THIS_FOLDER/adapter')`).",
         "",
         f"## Terms ({len(terms)})",

@@ -71,20 +71,54 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
 
 
+def adapter_targets(model, input_module: str) -> list[str]:
+    """The modules the adapter must carry new rows for: the input embedding, and for an untied
+    model the output embedding too (its new rows are its own; an input-only adapter leaves the
+    base's resized head rows in place and predicts differently from the merged folder)."""
+    head = model.get_output_embeddings()
+    if head is None or head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr():
+        return [input_module]
+    names = [name for name, module in model.named_modules() if module is head]
+    return [input_module, names[0].rsplit(".", 1)[-1] if names else "lm_head"]
+
+
 def save_adapter(model, folder: Path, token_ids: list[int], target_module: str) -> None:
     """A PEFT Trainable Tokens adapter holding every row past the base vocab (new + padding).
 
     Written with PEFT itself so it loads with `PeftModel.from_pretrained` on the base model
-    resized to the new vocab size; PEFT stores both sides for tied models.
+    resized to the new vocab size. `target_module` is the input embedding's name; an untied
+    model's head is targeted too (adapter_targets), a tied one's shares the embedding's rows.
+    PEFT warns that it cannot tie the adapters on any tied model (a generic check in
+    tuners_utils); Trainable Tokens then ties the head's layer to the embedding's itself
+    (TrainableTokensModel.inject_adapter), which is checked here before the warning is dropped.
+    PEFT's warnings (that one, its use of transformers' deprecated `is_gradient_checkpointing`)
+    go to the log, never to a user's console.
     """
-    from peft import TrainableTokensConfig, get_peft_model
+    import logging
+    import warnings
 
-    peft_model = get_peft_model(model, TrainableTokensConfig(token_indices=token_ids, target_modules=[target_module]))
+    from peft import TrainableTokensConfig, get_peft_model
+    from peft.tuners.trainable_tokens.layer import TrainableTokensLayer
+
+    targets = adapter_targets(model, target_module)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        peft_model = get_peft_model(model, TrainableTokensConfig(token_indices=token_ids, target_modules=targets))
     try:
+        head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+        if len(targets) == 1 and head is not None and not (
+                isinstance(head, TrainableTokensLayer) and head.tied_adapter is embedding):
+            raise RuntimeError("PEFT did not tie the adapter's head to its embedding on a tied model; "
+                               "the adapter would predict differently from the merged checkpoint")
         # PEFT would add the whole resized embedding matrix by default; the adapter is the rows only.
-        peft_model.save_pretrained(folder, save_embedding_layers=False)
+        with warnings.catch_warnings(record=True) as saving:
+            warnings.simplefilter("always")
+            peft_model.save_pretrained(folder, save_embedding_layers=False)
     finally:
         peft_model.unload()
+    log = logging.getLogger(__name__)
+    for warning in [*caught, *saving]:
+        log.debug("PEFT while writing the adapter: %s: %s", warning.category.__name__, warning.message)
 
 
 def plot_loss_curve(history: list[dict], path: Path) -> bool:
