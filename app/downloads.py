@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import anyio
+from starlette.datastructures import Headers
 from starlette.responses import FileResponse
 from starlette.types import Receive, Scope, Send
 
@@ -50,13 +51,36 @@ class OpenedDownload(RangeRules, FileResponse):
         # A server offering "pathsend" would be handed self.path to open itself: not the open file.
         extensions = {name: value for name, value in scope.get("extensions", {}).items() if name != "http.response.pathsend"}
         try:
-            await super().__call__({**scope, "extensions": extensions}, receive, send)
+            if none_match(Headers(scope=scope).get("if-none-match"), self.headers.get("etag")):
+                await self._not_modified(send)
+            else:
+                await super().__call__({**scope, "extensions": extensions}, receive, send)
         finally:
-            self.reader.close()  # also after HEAD, a 416 or a client that went away
+            self.reader.close()  # also after HEAD, a 304, a 416 or a client that went away
+
+    async def _not_modified(self, send: Send) -> None:
+        """304: the client's copy is this very file (RFC 9110 section 15.4.5: the validators, no body)."""
+        kept = [(name, value) for name, value in self.raw_headers if name in _NOT_MODIFIED_HEADERS]
+        await send({"type": "http.response.start", "status": 304, "headers": kept})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     @asynccontextmanager
     async def _open_file(self):
         yield _AsyncReader(self.reader)
+
+
+_NOT_MODIFIED_HEADERS = frozenset({b"etag", b"last-modified", b"cache-control", b"content-location", b"vary", b"expires"})
+
+
+def none_match(if_none_match: str | None, etag: str | None) -> bool:
+    """Whether If-None-Match names this ETag (or is "*"): weak comparison, as RFC 9110 section
+    13.1.2 asks for GET and HEAD. It is evaluated before Range (section 13.2.2)."""
+    if not if_none_match or not etag:
+        return False
+    if if_none_match.strip() == "*":
+        return True
+    ours = etag.removeprefix("W/")
+    return any(tag.strip().removeprefix("W/") == ours for tag in if_none_match.split(","))
 
 
 class Download(OpenedDownload):

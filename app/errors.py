@@ -30,8 +30,30 @@ class ApiError(Exception):
         self.headers = headers
 
 
+# An error message quotes what the client sent so it can see what was wrong, but never all of an
+# unbounded input (a 100 KB job id gave a 100 KB 404 body): quoted values are cut to QUOTE_CHARS,
+# and as a last guard any message to MAX_MESSAGE_CHARS, any param to MAX_PARAM_CHARS.
+QUOTE_CHARS = 64
+MAX_MESSAGE_CHARS = 2000
+MAX_PARAM_CHARS = 200
+
+
+def quoted(value: str, limit: int = QUOTE_CHARS) -> str:
+    """A client's value for an error message, as repr(); cut to `limit` characters, with its length."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value):,} characters)"
+
+
+def _cut(text: str | None, limit: int) -> str | None:
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[:limit]}... (cut; {len(text):,} characters)"
+
+
 def error_response(status: int, code: str, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message, "param": param}}, status_code=status, headers=headers)
+    body = {"code": code, "message": _cut(message, MAX_MESSAGE_CHARS), "param": _cut(param, MAX_PARAM_CHARS)}
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
 def _param_from_loc(loc: tuple[Any, ...]) -> str | None:
@@ -124,9 +146,9 @@ async def _http_handler(request: Request, exc: StarletteHTTPException) -> JSONRe
         )
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     if exc.status_code == 404:
-        message = f"no route {request.url.path}; see /docs for the API"
+        message = f"no route {quoted(request.url.path, 200)}; see /docs for the API"
     elif exc.status_code == 405:
-        message = f"{request.method} is not allowed on {request.url.path}; see /docs for the methods it takes"
+        message = f"{request.method} is not allowed on {quoted(request.url.path, 200)}; see /docs for the methods it takes"
     else:
         message = str(exc.detail)
     return error_response(exc.status_code, code, message, None, getattr(exc, "headers", None))

@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from ..db.models import Job
 from ..deps import KeyDep, SessionsDep, SettingsDep
 from ..downloads import ArchiveResponse, Download, OpenedDownload
-from ..errors import ApiError
+from ..errors import ApiError, quoted
 from ..schemas import Archive, ArtifactFile, Artifacts, ErrorResponse
 from ..storage import job_archive, legacy_archive_path, model_dir
 from .jobs import owned_job
@@ -81,7 +81,7 @@ def artifact_file(job_id: str, path: str, sessions: SessionsDep, key: KeyDep, se
     job = _published(sessions, key, job_id)
     # Only paths the manifest lists: no way to name anything else on disk.
     if path not in {f["path"] for f in job.manifest or []}:
-        raise ApiError(404, "not_found", f"job {job_id} has no artifact {path!r}; GET /jobs/{job_id}/artifacts lists them", "path")
+        raise ApiError(404, "not_found", f"job {job_id} has no artifact {quoted(path, 200)}; GET /jobs/{job_id}/artifacts lists them", "path")
     return _opened(sessions, key, job, lambda: Download(
         model_dir(settings, job.id) / path, filename=path.rsplit("/", 1)[-1], media_type="application/octet-stream"))
 

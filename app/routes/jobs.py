@@ -12,7 +12,7 @@ from sqlalchemy import select
 from ..db.jobs import add_event, current, delete_finished, request_cancel
 from ..db.models import TERMINAL, Event, Job, utcnow
 from ..deps import KeyDep, SessionsDep, SettingsDep, get_base_tokenizers, get_queue
-from ..errors import ApiError
+from ..errors import ApiError, quoted
 from ..schemas import ErrorResponse, EventList, ExtendRequest, JobList, JobStatus
 from ..schemas import Event as EventOut
 from ..schemas import Job as JobOut
@@ -27,7 +27,7 @@ _MAX_CURSOR = 2**63 - 1  # job sequence numbers are 64-bit integers in every dat
 
 
 def no_job(job_id: str) -> ApiError:
-    return ApiError(404, "not_found", f"no job {job_id!r} for this API key; list yours with GET /jobs", "job_id")
+    return ApiError(404, "not_found", f"no job {quoted(job_id)} for this API key; list yours with GET /jobs", "job_id")
 
 
 def owned_job(db, key, job_id: str) -> Job:
