@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import uuid
 from collections import OrderedDict
 from pathlib import Path
@@ -31,7 +30,6 @@ from .schemas import ExtendRequest
 from .settings import Settings
 from .storage import upload_path
 from .terms import check_terms_add_something, validate_terms
-from .uploads import write_corpus
 
 
 def new_file_id() -> str:
@@ -99,22 +97,17 @@ def _own_file(db: Session, key: ApiKey, file_id: str) -> StoredFile:
 
 
 def _write_inline_corpus(key: ApiKey, text: str, settings: Settings) -> StoredFile:
-    """Write corpus_text the way POST /files writes an upload (a partial file, the same 507 on a
-    full disk), check it, rename it into place; the row is not added to the session yet."""
+    """Write corpus_text to an upload file and check it; the row is not added to the session yet."""
     file_id = new_file_id()
     path = upload_path(settings, file_id, ".txt")
-    partial = path.with_name(f".{file_id}.partial")
+    path.parent.mkdir(parents=True, exist_ok=True)
     data = text.encode("utf-8")
-    write_corpus(partial, data, "corpus_text")
+    path.write_bytes(data)
     try:
-        documents, _size = check_corpus(partial, label="corpus_text")
-        os.replace(partial, path)
+        documents, _size = check_corpus(path, label="corpus_text")
     except InvalidCorpusError as exc:
-        partial.unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
         raise ApiError(422, exc.code, exc.message, "corpus_text") from None
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
     return StoredFile(
         id=file_id, owner_id=key.id, filename="corpus_text.txt", path=str(path), bytes=len(data),
         sha256=hashlib.sha256(data).hexdigest(), documents=documents, source="inline",
@@ -198,7 +191,7 @@ def submit(
     # Only a request valid in every other way counts against the key's limits: a 429 or 507 must
     # never stand in for a 422 that waiting would not cure.
     try:
-        check_new_job(db, key, settings, inline.bytes if inline is not None else 0)  # holds the key's row until the commit
+        check_new_job(db, key, settings)
     except ApiError:
         if inline is not None:
             Path(inline.path).unlink(missing_ok=True)
