@@ -12,6 +12,8 @@ import sys
 from extension.errors import InvalidOptionError, TideError
 from extension.plan.options import option_error_for
 
+from .cli_warnings import deprecations_logged
+
 
 def build_parser() -> argparse.ArgumentParser:
     from . import cli_extend, cli_jobs, cli_mine, cli_service
@@ -27,7 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args.handler(args) or 0)
+        with deprecations_logged():  # third-party deprecation noise: logged, not printed
+            return int(args.handler(args) or 0)
     except TideError as exc:
         message, param = option_error_for(exc, style="cli") if isinstance(exc, InvalidOptionError) else (exc.message, exc.param)
         where = f" ({param})" if param else ""
