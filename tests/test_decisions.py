@@ -105,3 +105,50 @@ def test_kept_tokens_that_cost_bits_are_counted():
             "for the length they save, as the model is below the base model with them. The validation score"
             ) in selection_sentence(costly)
     assert "cost more bits" not in selection_sentence(MEDICAL)
+
+
+# -- issue 37: what was scored, and a model nobody judged --------------------------------------
+def _card(metrics: dict) -> str:
+    from types import SimpleNamespace
+
+    from extension.publishing.card import model_card
+
+    extension = {"vocab": {"base_vocab_size": 256, "vocab_size": 320, "tied": True}, "counts": {"terms_added": 1},
+                 "terms": [], "selection": metrics.get("selection") or {}, "init": {"method": "subword_mean"}}
+    before = {"general_bits_per_byte": 1.75, "general_tokens_per_byte": 0.237}
+    return model_card(SimpleNamespace(base_model="smollm2-135m"), extension, {**metrics, "before": before, "after": before}, [])
+
+
+BF16_JOB = {"devices": {"evaluate": {"device": "cpu", "dtype": "bfloat16"}, "publish": {"device": "cpu", "dtype": "float32"}}}
+
+
+def test_the_precision_the_figures_were_measured_in_is_said_in_summary_page_and_card():
+    """Issue 37 item 4: a bf16 job of an fp32 checkpoint scores the bf16 model; the user downloads fp32."""
+    from app.pages.views import verdict
+
+    for sentences in (decision_sentences(BF16_JOB, style="cli"), verdict(BF16_JOB)):
+        said = [s for s in sentences if "figures were measured" in s]
+        assert len(said) == 1 and "computing in bfloat16" in said[0] and "published weights are float32" in said[0]
+    assert "computing in bfloat16; the published weights are float32" in _card(BF16_JOB)
+    same = {"devices": {"evaluate": {"dtype": "float32"}, "publish": {"dtype": "float32"}}}
+    assert decision_sentences(same) == ["The before/after figures were measured in float32, the published weights' dtype."]
+
+
+SKIPPED = "the corpus validation split holds 1,200 bytes, under the 2,000 needed to decide on; the last training step and every term are published"
+
+
+def test_a_model_published_without_judging_says_so_and_why():
+    """Issue 37 item 5: under 2,000 bytes of validation text the gate publishes every term unjudged."""
+    from app.pages.views import verdict
+
+    metrics = {"selection": {"mode": "validation", "skipped": SKIPPED}}
+    for sentences in (decision_sentences(metrics, style="cli"), verdict(metrics)):
+        said = [s for s in sentences if "NOT judged" in s]
+        assert len(said) == 1 and "1,200 bytes, under the 2,000 needed" in said[0]
+    card = _card(metrics)
+    assert card.count("NOT judged") == 1 and "1,200 bytes" in card
+    # terms only: the way to have it judged is the user's own text
+    terms_only = {"selection": {"mode": "validation", "skipped": "the held-out generated contexts holds 0 bytes"}}
+    assert "`--corpus FILE`" in decision_sentences(terms_only, style="cli")[0]
+    # --keep-all-terms asked for no judging: nothing to warn about
+    assert decision_sentences({"selection": {"mode": "none"}}) == []

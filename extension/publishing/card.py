@@ -81,8 +81,7 @@ def selection_section(selection: dict, metrics: dict | None = None) -> list[str]
     if "best_step" in selection:
         lines += [f"Validation ({selection['validation']['source']}, {selection['validation']['bytes']:,} bytes) chose "
                   f"the rows of step {selection['best_step']} (step 0 = the initial rows).", ""]
-    if selection.get("skipped"):
-        lines += [f"No validation-based selection: {selection['skipped']}.", ""]
+    # selection skipped (too little validation text): decision_sentences says the model was not judged
     for sentence in decision_sentences({**(metrics or {}), "selection": selection}, style="both"):
         lines += [sentence, ""]
     removed = selection.get("removed") or []

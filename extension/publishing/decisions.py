@@ -19,13 +19,43 @@ _CORPUS_WORDS = {"cli": "`--corpus FILE`", "api": "a corpus, `corpus_file_id`", 
 
 
 def decision_sentences(metrics: dict | None, *, style: str = "cli") -> list[str]:
-    """The sentences, in the order a user wants them: why training stopped, what selection kept
-    and gave up, how a terms-only job compares with the base model on its held-out contexts."""
+    """The sentences, in the order a user wants them: whether the model was judged at all, why
+    training stopped, what selection kept and gave up, how a terms-only job compares with the base
+    model on its held-out contexts, and the precision the figures were measured in."""
     metrics = metrics or {}
-    found = [stopped_early_sentence(metrics.get("training") or {}, style=style),
+    found = [not_judged_sentence(metrics, style=style),
+             stopped_early_sentence(metrics.get("training") or {}, style=style),
              selection_sentence(metrics, style=style),
-             held_out_sentence(metrics, style=style)]
+             held_out_sentence(metrics, style=style),
+             precision_sentence(metrics)]
     return [sentence for sentence in found if sentence]
+
+
+def not_judged_sentence(metrics: dict, *, style: str = "cli") -> str | None:
+    """Where selection was asked for but had too little validation text to decide on: the model
+    was published without being judged against the base model (every term, the last step)."""
+    selection = metrics.get("selection") or {}
+    skipped = selection.get("skipped")
+    if not skipped or selection.get("mode", "validation") != "validation":
+        return None
+    fix = "" if "corpus" in skipped else f"; give your own domain text ({_CORPUS_WORDS[style]}) to judge it on"
+    return (f"The published model was NOT judged against the base model: {skipped}. Nothing checked that it is at "
+            f"least as good as the base model on your text{fix}.")
+
+
+def precision_sentence(metrics: dict) -> str | None:
+    """The precision the before/after figures were measured in, and whether that is the published
+    weights' (a bf16 job of an fp32 checkpoint scores the bf16 model, the user downloads fp32)."""
+    devices = metrics.get("devices") or {}
+    measured = (devices.get("evaluate") or {}).get("dtype")
+    published = (devices.get("publish") or {}).get("dtype")
+    if not measured:
+        return None
+    if published is None or published == measured:
+        return f"The before/after figures were measured in {measured}" + (", the published weights' dtype." if published else ".")
+    return (f"The before/after figures were measured with the model computing in {measured}; the published weights are "
+            f"{published} (the base checkpoint's dtype) and were not scored themselves, so their figures may differ "
+            "slightly.")
 
 
 def option_words(name: str, value, *, style: str) -> str:
