@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -159,3 +160,30 @@ def test_auto_distils_trained_corpus_jobs_only():
     assert init_method("auto", 100, corpus=False) == "composition"
     assert init_method("auto", 0, corpus=True) == "subword_mean"
     assert init_method("subword_mean_norm", 100, corpus=True) == "subword_mean_norm"
+
+
+def test_distill_without_training_is_refused_naming_the_option_and_the_fix(tiny_model_dir, tmp_path, capsys, cli_cache):
+    """Issue 37 item 5: `--init distill --steps 0` quietly published composed rows recorded as
+    'composition'. Refused now, before any weights are read: the option, the reason, the fix."""
+    from app.cli import main
+    from extension.errors import InvalidOptionError
+    from extension.plan.job import validate_spec
+    from extension.plan.options import option_error_for
+    from extension.plan.spec import ExtendSpec
+
+    terms = tmp_path / "terms.txt"
+    terms.write_text("hypertext\n", encoding="utf-8")
+    out = tmp_path / "out"
+    code = main(["extend", "--base-model", str(tiny_model_dir), "--terms", str(terms), "--init", "distill",
+                 "--steps", "0", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert err.startswith("tide: error (--init): --init 'distill' distils the input rows"), err
+    assert "train (steps above 0) or choose 'composition'" in err
+    spec = ExtendSpec(base_model="smollm2-135m", out_dir=out, terms=["hypertext"], init="distill", steps=0)
+    with pytest.raises(InvalidOptionError) as refused:
+        validate_spec(spec)
+    assert refused.value.code == "invalid_option" and refused.value.option == "init"
+    assert option_error_for(refused.value, style="api")[1] == "training.init"
+    validate_spec(ExtendSpec(base_model="smollm2-135m", out_dir=out, terms=["hypertext"], init="distill", steps=3))
+    validate_spec(ExtendSpec(base_model="smollm2-135m", out_dir=out, terms=["hypertext"], init="distill"))  # steps: the device's

@@ -232,10 +232,23 @@ def defaults_for_device(values: Any, device_type: str) -> dict[str, Any]:
 
 
 def check_options(values: Any, names: list[str] | None = None) -> None:
-    """Check the named options (default: every option) on an object that has them as attributes."""
+    """Check the named options (default: every option) on an object that has them as attributes;
+    with every option, also the combinations that cannot run together (check_combinations)."""
     for name in names or list(BY_NAME):
         if hasattr(values, name):
             BY_NAME[name].check(getattr(values, name))
+    if names is None:
+        check_combinations(values)
+
+
+def check_combinations(values: Any) -> None:
+    """Options each valid alone that cannot run together: refused, never quietly replaced by
+    something else (a job records what ran, so a substitute would be recorded as asked)."""
+    if getattr(values, "init", None) == "distill" and getattr(values, "steps", None) == 0:
+        # distillation reads the training texts, which a job of 0 steps never makes
+        raise InvalidOptionError(option="init", problem=(
+            "'distill' distils the input rows on the job's training texts, and a job of 0 steps makes none: "
+            "train (steps above 0) or choose 'composition', the rows 'distill' starts from"))
 
 
 def by_api_path(path: str) -> Option | None:
