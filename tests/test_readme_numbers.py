@@ -36,6 +36,7 @@ the results files cannot explain.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -455,3 +456,74 @@ def test_the_checker_fails_a_copy_of_the_readme_with_a_changed_figure_sign_or_fi
         copy.write_text(original.replace(statement.text, changed_row, 1), encoding="utf-8")
         problems = check_document(copy.read_text(encoding="utf-8"), copy.name, strict=True)
         assert problems, f"a {what} change in {statement.text!r} went unreported"
+
+
+# -- counts that must mean what the results say (issue 37) -------------------------------------
+# A count is checked by what it says, not only by being written somewhere in the file: "N tokens
+# removed in round R" must be what round R removed, "N brought back" what the restore step kept.
+COUNT_CLAIMS = {
+    "removed_in_round": re.compile(r"\b(\d+) (?:new )?tokens?\s+removed in round (\d+)\b"),
+    "round_left": re.compile(r"\bround (\d+) left (\d+) of the (\d+) offered tokens\b"),
+    "brought_back": re.compile(r"\b(?:(\d+) (?:of them|(?:new )?tokens?|removed terms?) brought back|brought back (\d+))\b"),
+    "stayed_removed": re.compile(r"\b(\d+) stayed removed\b"),
+    "rounds": re.compile(r"\bafter (\d+) rounds\b"),
+}
+
+
+def count_claims(text: str) -> list[tuple[str, tuple[int, ...]]]:
+    plain = re.sub(r"\s+", " ", _plain(text))
+    return [(kind, tuple(int(g) for g in match.groups() if g is not None))
+            for kind, pattern in COUNT_CLAIMS.items() for match in pattern.finditer(plain)]
+
+
+def claim_holds(kind: str, numbers: tuple[int, ...], row: dict) -> bool:
+    rounds = [r["new_tokens"] for r in row.get("rounds") or row.get("selection", {}).get("rounds") or []]
+    restores = row.get("restores") or row.get("selection", {}).get("restores") or []
+    if kind == "removed_in_round":
+        count, number = numbers
+        return number < len(rounds) and rounds[number - 1] - rounds[number] == count
+    if kind == "round_left":
+        number, left, offered = numbers
+        return number < len(rounds) and rounds[number] == left and rounds[0] == offered
+    if kind == "brought_back":
+        return sum(r["offered"] for r in restores if r["kept"]) == numbers[0]
+    if kind == "stayed_removed":
+        return row.get("removed") == numbers[0]
+    return len(rounds) == numbers[0]  # "after N rounds"
+
+
+def check_counts(statement: Statement) -> list[str]:
+    """Every count claim of a statement holds together in one row of a results JSON it cites."""
+    claims = count_claims(statement.text)
+    files = [name for name in (cited_files(statement.text) or statement.inherited) if (RESULTS / name).is_file()]
+    if not claims:
+        return []
+    rows = []
+    for name in files:
+        path = (RESULTS / name).with_suffix(".json")
+        if path.is_file():
+            data = json.loads(path.read_text(encoding="utf-8"))
+            rows += data.get("rows", []) if isinstance(data, dict) else []
+    if any(all(claim_holds(kind, numbers, row) for kind, numbers in claims) for row in rows):
+        return []
+    return [f"{statement.path}:{statement.line}: no row of {', '.join(files) or 'no results file'} has {claims}: "
+            f"{statement.text[:200]!r}"]
+
+
+@pytest.mark.parametrize("name", STRICT)
+def test_selection_counts_say_what_the_results_json_says(name):
+    found = [s for s in statements((REPO / name).read_text(encoding="utf-8"), name) if count_claims(s.text)]
+    assert found or name == "README.md"
+    problems = [problem for statement in found for problem in check_counts(statement)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_count_check_reports_the_round_1_misreading():
+    """docs/measured.md once said '32 tokens removed in round 1, 53 of them brought back' where
+    the JSON has 85 removed in round 1 (32 is what stayed removed after 53 came back)."""
+    wrong = Statement("docs/measured.md", 1, "Chinese kept 92.1% (`quality_zh_cpu_bf16.md`): 32 tokens removed in "
+                      "round 1, 53 of them brought back by the restore step.", "sentence")
+    assert check_counts(wrong)
+    right = Statement("docs/measured.md", 1, "Chinese (`quality_zh_cpu_bf16.md`): 85 tokens removed in round 1, "
+                      "53 of them brought back, 32 stayed removed.", "sentence")
+    assert not check_counts(right)
