@@ -198,7 +198,7 @@ CASES = [
     Case("falcon", "LlamaForCausalLM", tied=False, dtype="float32", sharded=False),
     # GPT-2's own class: paired with another architecture, transformers loads the tokenizer class
     # of that architecture instead, which pre-tokenizes differently.
-    Case("gpt2", "GPT2LMHeadModel", tied=True, dtype="float32", sharded=False, padded_rows=47),
+    Case("gpt2", "GPT2LMHeadModel", tied=True, dtype="float32", sharded=False, padded_rows=47, train=True),
     Case("smollm2", "LlamaForCausalLM", tied=True, dtype="float32", sharded=False),
     # fp32: a CPU computes a 262k-row bf16 head many times slower, and bf16 is covered above
     Case("gemma3", "Gemma3ForCausalLM", tied=True, dtype="float32", sharded=True),
@@ -284,10 +284,11 @@ def check_published(case: Case, base_dir: Path, out_dir: Path) -> dict[str, str]
     tok = AutoTokenizer.from_pretrained(out_dir)
     base = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto")
     model = AutoModelForCausalLM.from_pretrained(out_dir, dtype="auto")
+    adapted = None
     try:
         resized = AutoModelForCausalLM.from_pretrained(base_dir, dtype="auto")
         resized.resize_token_embeddings(model.get_input_embeddings().weight.shape[0], mean_resizing=False)
-        PeftModel.from_pretrained(resized, out_dir / "adapter")
+        adapted = PeftModel.from_pretrained(resized, out_dir / "adapter").eval()
         results["loads"] = ""
     except Exception as exc:  # noqa: BLE001 - the check reports any failure to load
         results["loads"] = f"the adapter does not load: {exc}"[:300]
@@ -328,6 +329,16 @@ def check_published(case: Case, base_dir: Path, out_dir: Path) -> dict[str, str]
     round_trip = tok.decode(tok(with_terms, add_special_tokens=False).input_ids)
     base_round_trip = base_tok.decode(base_tok(with_terms, add_special_tokens=False).input_ids)
     results["decodes"] = "" if round_trip in (with_terms, base_round_trip) else f"{with_terms!r} decodes as {round_trip!r}"
+
+    # base + adapter predicts as the merged folder on text with the new tokens (issue 37: an
+    # untied model's adapter once lacked the head's new rows)
+    if adapted is None:
+        results["adapter_logits"] = "n/a"
+    else:
+        ids = torch.tensor([tok(with_terms, add_special_tokens=False).input_ids])
+        with torch.no_grad():
+            difference = (adapted(ids).logits.float() - model(ids).logits.float()).abs().max().item()
+        results["adapter_logits"] = "" if difference == 0 else f"base + adapter logits differ from the merged folder's by {difference:.4g}"
 
     base_layout, layout = safetensors_layout(base_dir), safetensors_layout(out_dir)
     tied_now = model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()

@@ -33,20 +33,43 @@ def test_a_family_is_extended_without_moving_an_old_id(case, inputs, cli_env, mo
     assert {term["term"] for term in extension["terms"]} | {s["term"] for s in extension["skipped"]} == set(TERMS)
 
 
-def test_a_tokenizer_the_model_cannot_hold_is_refused_before_its_weights_are_read(inputs, cli_env, model_sources, tmp_path):
+def test_a_tokenizer_the_model_cannot_hold_is_refused_before_its_weights_are_read(inputs, cli_env, model_sources,
+                                                                                  tmp_path, monkeypatch, capsys):
     """A tokenizer with ids past the model's embedding rows: exit 2, the problem named, nothing
-    written — and no weights read (there are none to read)."""
+    written, and no weights read. The weights stay in the folder (without them another error
+    would come first, and the test would pass with the check gone); loading any is recorded."""
     import shutil
+
+    import transformers
+
+    from extension.errors import UnsupportedTokenizerError
+    from extension.plan.job import plan_inputs, plan_model
+    from extension.plan.spec import ExtendSpec
 
     terms_file, _ = inputs
     case = next(case for case in CASES if case.family == "smollm2")
     base = tmp_path / "base"
     shutil.copytree(base_checkpoint(case, model_sources), base)
-    for weights in base.glob("*.safetensors"):
-        weights.unlink()
+    assert list(base.glob("*.safetensors"))
     config = json.loads((base / "config.json").read_text())
     config["vocab_size"] = 49_000
     (base / "config.json").write_text(json.dumps(config))
+    loads: list[str] = []
+
+    def no_weights(*args, **kwargs):
+        loads.append(str(args[:1]))
+        raise AssertionError("weights were read")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_weights)
     out = tmp_path / "out"
     assert main(["extend", "--base-model", str(base), "--terms", str(terms_file), "--steps", "0", "--out", str(out)]) == 2
-    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["base"]
+    err = capsys.readouterr().err
+    assert "tide: error (base_model): the tokenizer " in err, err
+    assert "uses id 49151" in err and "but the model has only 49000 embedding rows" in err, err
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["base"] and loads == []
+
+    spec = ExtendSpec(base_model=str(base), out_dir=out, terms=["hypertext"], steps=0, allow_local_paths=True)
+    with pytest.raises(UnsupportedTokenizerError) as refused:
+        plan_model(plan_inputs(spec), model_sources)
+    assert refused.value.code == "unsupported_tokenizer" and refused.value.param == "base_model"
+    assert "resize the model's embeddings to cover every token id" in refused.value.message and loads == []
