@@ -39,7 +39,7 @@ class JobPlan:
     compute_dtype: torch.dtype | None = None  # what the job computes in (bf16 on a GPU)
     memory: MemoryPlan | None = None
     eval_batch_tokens: int | None = None
-    max_shard_bytes: int | None = None  # shard the published weights like the base (None: one file)
+    max_shard_bytes: int | None = None  # shard the published weights like the base (None: transformers' default)
 
     @property
     def model_path(self) -> str | None:
@@ -95,8 +95,10 @@ def plan_model(plan: JobPlan, sources: ModelSources) -> JobPlan:
     memory = plan_for_spec(spec, config, placement=plan.placement, dtype=dtype, eval_batch_tokens=eval_tokens,
                            model_path=model_path, stored_dtype=stored)
     check_plan(memory, base_model=spec.base_model, batch_size=spec.batch_size, seq_len=spec.seq_len)
+    # the published shard size: the base's, local or hub (None: transformers' default)
+    shards = shard_limit(model_path, hub_id=resolved.path if resolved.kind == "hub" else None, token=sources.hub_token)
     return replace(plan, resolved=resolved, tokenizer=tokenizer, config=config, stored_dtype=stored, compute_dtype=dtype,
-                   memory=memory, eval_batch_tokens=eval_tokens, max_shard_bytes=shard_limit(model_path))
+                   memory=memory, eval_batch_tokens=eval_tokens, max_shard_bytes=shards)
 
 
 def offload_folder(plan: JobPlan, work_dir: Path | None) -> Path | None:

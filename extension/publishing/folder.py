@@ -39,16 +39,44 @@ def check_output_dir(out_dir: Path, *, force: bool) -> None:
         raise OutputExistsError(f"--out {str(out_dir)!r} is a file, not a folder", param="out")
 
 
-# Above any single model TIDE publishes as one file: a base in one file stays in one file.
-ONE_FILE = "1000GB"
+INDEX = "model.safetensors.index.json"
 
 
-def shard_limit(model_path: str | Path | None) -> int | None:
+def shard_limit(model_path: str | Path | None, *, hub_id: str | None = None, token: str | None = None) -> int | None:
     """The largest safetensors shard of a sharded base checkpoint, in bytes (its shard size
-    limit was at least that), so the published weights are sharded alike; None for one file."""
-    if model_path is None or not (Path(model_path) / "model.safetensors.index.json").exists():
+    limit was at least that), so the published weights are sharded alike: a local folder's, or
+    (`hub_id`) a hub model's, its index read from the hub (or its cache) and each shard's size
+    from the cache or the hub's file listing. None for a base in one file, or one whose shard
+    sizes cannot be known: publish then uses transformers' default shard size."""
+    if hub_id is not None:
+        return _hub_shard_limit(hub_id, token)
+    if model_path is None or not (Path(model_path) / INDEX).exists():
         return None
     return max(path.stat().st_size for path in Path(model_path).glob("*.safetensors"))
+
+
+def _hub_shard_limit(repo_id: str, token: str | None) -> int | None:
+    import huggingface_hub
+
+    try:
+        index = json.loads(Path(huggingface_hub.hf_hub_download(repo_id, INDEX, token=token)).read_text())
+    except Exception:  # noqa: BLE001 - no index (one file), or the hub unreachable: the default
+        return None
+    files = sorted(set(index.get("weight_map", {}).values()))
+    sizes = {}
+    for name in files:
+        cached = huggingface_hub.try_to_load_from_cache(repo_id, name)
+        if isinstance(cached, str):
+            sizes[name] = os.path.getsize(cached)
+    missing = [name for name in files if name not in sizes]
+    if missing:
+        try:
+            for info in huggingface_hub.HfApi(token=token).get_paths_info(repo_id, missing):
+                if getattr(info, "size", None):
+                    sizes[info.path] = info.size
+        except Exception:  # noqa: BLE001 - offline with the shards not yet cached: the default
+            return None
+    return max(sizes.values()) if files and len(sizes) == len(files) else None
 
 
 def sha256_file(path: Path) -> str:
@@ -163,13 +191,15 @@ def publish(
 ) -> list[dict[str, Any]]:
     """Write everything into a staging folder, then rename it to `out_dir`. Returns the manifest.
     `write_extra(staging)` writes further files (a carried-over optimizer state) before the manifest.
-    `max_shard_bytes`: shard the weights like a sharded base (see shard_limit); None: one file."""
+    `max_shard_bytes`: shard the weights like a sharded base (see shard_limit); None: transformers'
+    default shard size (a base in one file under it stays in one file)."""
     out_dir = Path(out_dir)
     check_output_dir(out_dir, force=force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     try:
-        model.save_pretrained(staging, max_shard_size=max_shard_bytes or ONE_FILE)
+        # like a sharded base (shard_limit), else transformers' default shard size
+        model.save_pretrained(staging, **({"max_shard_size": max_shard_bytes} if max_shard_bytes else {}))
         tokenizer.save_pretrained(staging)
         write_json(staging / "tide_extension.json", extension)
         write_json(staging / "metrics.json", metrics)
