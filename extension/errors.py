@@ -63,3 +63,13 @@ class UnsupportedCheckpointError(TideError):
 
     def __init__(self, message: str, *, param: str | None = "base_model", code: str | None = None):
         super().__init__(message, param=param, code=code)
+
+
+class UnsupportedModelError(TideError):
+    """The base model's architecture does something TIDE cannot reproduce (its head, its embedding
+    layout) or its class cannot be loaded; the message names what and what to do instead."""
+
+    code = "unsupported_model"
+
+    def __init__(self, message: str, *, param: str | None = "base_model", code: str | None = None):
+        super().__init__(message, param=param, code=code)

@@ -22,8 +22,8 @@ dtype, on the model's device, with no gradient; each forward scores as many chun
 `batch_tokens` tokens (default: from the device, extension.plan.devices.eval_batch_tokens).
 
 The base model's scores can be kept on disk (`score_cache`, extension/evaluation/score_cache.py): a second
-job on the same base model and text reads them instead of scoring again. Models whose logits are not `head(decoder(x))` (plus Gemma-style final
-soft-capping) are detected with one short comparison against the full forward, and then scored
+job on the same base model and text reads them instead of scoring again. Models whose logits are not `head(decoder(x))` (transformed as the
+model's config says: extension/rows/logits.py) are detected with one short comparison against the full forward, and then scored
 through the full forward in small batches instead.
 """
 
@@ -36,6 +36,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from ..plan.options import DEFAULTS
+from ..rows.logits import head_logits
 
 DEFAULT_CHUNK_BYTES = 1024
 DEFAULT_LOGIT_ELEMENTS = 1 << 24  # 64 MB of fp32 logits per slice
@@ -161,11 +162,9 @@ class Scorer:
         return next(self.model.parameters()).device
 
     def _head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.model.get_output_embeddings()(hidden).float()
-        cap = getattr(self.model.config, "final_logit_softcapping", None)
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        # the model's own transform (Granite's scaling, Cohere's scale, Gemma's softcap), the
+        # hidden states cast to the head's dtype as its forward does (Mamba: fp32 under bf16)
+        return head_logits(self.model, hidden)
 
     def check_head_path(self, ids: list[int]) -> None:
         """Use decoder + head only when it reproduces the model's own logits on a short input."""

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .init import NewRows, apply_rows, is_tied, padded_vocab_size
+from .logits import LogitTransform, check_head
 from ..plan.options import DEFAULTS
 
 IGNORE_INDEX = -100
@@ -70,9 +71,9 @@ def _old_head_weight(head: nn.Module, base_vocab_size: int) -> tuple[torch.Tenso
     return head.weight[:base_vocab_size], None if bias is None else bias[:base_vocab_size]
 
 
-class _ExtendedHead(nn.Module):
+class ExtendedHead(nn.Module):
     """Output side for `model(input_ids)`: [old logits | new logits | -inf padding], in fp32,
-    final softcap (if any) applied before the padding."""
+    the model's logit transform (scale, softcap: logits.LogitTransform) applied before the padding."""
 
     def __init__(self, adapter: "RowsAdapter", base: nn.Module):
         super().__init__()
@@ -101,7 +102,7 @@ class _FusedRowsCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, targets, new_out, new_bias, old_weight, old_bias, chunk, softcap):
+    def forward(ctx, hidden, targets, new_out, new_bias, old_weight, old_bias, chunk, transform: LogitTransform):
         need_hidden, need_new, need_bias = ctx.needs_input_grad[0], ctx.needs_input_grad[2], ctx.needs_input_grad[3]
         soft = callable(targets)
         old_vocab = old_weight.shape[0]
@@ -117,13 +118,19 @@ class _FusedRowsCrossEntropy(torch.autograd.Function):
                 if not bool(valid.any()):
                     continue
             # old and new logits stay two contiguous tensors: no [chunk, vocab] concatenation copy
-            parts = [F.linear(h, old_weight, old_bias).float(), F.linear(h.float(), new_out, new_bias)]
+            # hidden states cast to the head's dtype, as Mamba's own forward does (fp32 states, bf16 head)
+            parts = [F.linear(h.to(old_weight.dtype), old_weight, old_bias).float(), F.linear(h.float(), new_out, new_bias)]
             slopes = []
-            for z in parts:
+            scale, softcap = transform.scale, transform.softcap
+            for z in parts:  # the model's own transform: scale (Granite, Cohere), then softcap (Gemma)
+                if scale != 1.0:
+                    z.mul_(scale)
                 if softcap:
                     z.div_(softcap).tanh_()
-                    slopes.append(1 - z.square())  # d/dz of cap*tanh(z/cap)
+                    slopes.append((1 - z.square()).mul_(scale))  # d/dz of cap*tanh(scale*z/cap)
                     z.mul_(softcap)
+                elif scale != 1.0:
+                    slopes.append(scale)
             if soft:
                 p_old, p_new = targets(start, start + h.shape[0])
                 mass = p_old.sum(1) + p_new.sum(1)
@@ -216,7 +223,11 @@ class RowsAdapter(nn.Module):
             base_vocab_size + self.num_new, embedding.weight.shape[0], pad_to_multiple_of
         )
         self.pad_to_multiple_of = pad_to_multiple_of
-        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        # What the model's forward does to its head's output (Granite's logits_scaling, Cohere's
+        # logit_scale, Gemma's softcap), checked on a probe batch: a head this cannot reproduce is
+        # refused (errors.UnsupportedModelError) rather than trained against logits it never gives.
+        self.transform = check_head(model, base_vocab_size)
+        self._disabled: list = []
         # The new rows live with the matrices they extend: input rows with the embedding, untied
         # output rows with the head (a model spread over devices may hold the two on different GPUs).
         device = embedding.weight.device
@@ -230,6 +241,10 @@ class RowsAdapter(nn.Module):
         self.output_bias = None if bias is None else nn.Parameter(bias.detach().to(head_device, torch.float32).clone())
         self._requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
         self._original: tuple[nn.Module, nn.Module] | None = None
+
+    @property
+    def softcap(self) -> float | None:
+        return self.transform.softcap
 
     @property
     def tied(self) -> bool:
@@ -249,12 +264,11 @@ class RowsAdapter(nn.Module):
         embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
         self._original = (embedding, head)
         model.set_input_embeddings(_ExtendedEmbedding(embedding, self.input_rows, self.base_vocab_size))
-        model.set_output_embeddings(_ExtendedHead(self, head))
-        if self.softcap:
-            # The model caps whatever its head returns, and tanh is bounded: the -inf padding
-            # columns would come out as -cap, a real share of the softmax. While attached the
-            # head caps before it pads, and the model's own cap is off.
-            model.config.final_logit_softcapping = None
+        model.set_output_embeddings(ExtendedHead(self, head))
+        # The model transforms whatever its head returns, and tanh is bounded: the -inf padding
+        # columns would come out as -cap, a real share of the softmax. While attached the head
+        # applies the whole transform before it pads, and the model's own is off.
+        self._disabled = self.transform.disable_in(model)
 
     def detach(self) -> None:
         """Put the model's own modules back; the rows stay in this adapter."""
@@ -263,8 +277,8 @@ class RowsAdapter(nn.Module):
         embedding, head = self._original
         self.model.set_input_embeddings(embedding)
         self.model.set_output_embeddings(head)
-        if self.softcap:
-            self.model.config.final_logit_softcapping = self.softcap
+        LogitTransform.restore(self._disabled)
+        self._disabled = []
         self._original = None
         for name, p in self.model.named_parameters():
             p.requires_grad_(self._requires_grad.get(name, p.requires_grad))
@@ -285,12 +299,10 @@ class RowsAdapter(nn.Module):
         old_weight, old_bias = _old_head_weight(self._base_head, self.base_vocab_size)
         hidden = hidden.to(old_weight.device)
         parts = [
-            F.linear(hidden, old_weight, old_bias).float(),
+            F.linear(hidden.to(old_weight.dtype), old_weight, old_bias).float(),
             F.linear(hidden.float(), self.logit_rows, self.output_bias),
         ]
-        logits = torch.cat(parts, dim=-1)
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
+        logits = self.transform(torch.cat(parts, dim=-1))
         padding = self.vocab_size - logits.shape[-1]
         if padding:
             logits = F.pad(logits, (0, padding), value=float("-inf"))
@@ -307,7 +319,7 @@ class RowsAdapter(nn.Module):
         count = int((targets1d != IGNORE_INDEX).sum())
         chunk = self.chunk_positions(chunk_elements)
         total = _FusedRowsCrossEntropy.apply(
-            hidden2d, targets1d, self.logit_rows, self.output_bias, old_weight, old_bias, chunk, self.softcap
+            hidden2d, targets1d, self.logit_rows, self.output_bias, old_weight, old_bias, chunk, self.transform
         )
         return total, count
 
@@ -318,7 +330,7 @@ class RowsAdapter(nn.Module):
         hidden2d = hidden.reshape(-1, hidden.shape[-1]).to(old_weight.device)
         chunk = self.chunk_positions(chunk_elements)
         return _FusedRowsCrossEntropy.apply(
-            hidden2d, targets, self.logit_rows, self.output_bias, old_weight, old_bias, chunk, self.softcap
+            hidden2d, targets, self.logit_rows, self.output_bias, old_weight, old_bias, chunk, self.transform
         )
 
     def chunk_positions(self, chunk_elements: int = DEFAULT_LOSS_CHUNK_ELEMENTS) -> int:

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..rows.adapter import ExtendedHead
+from ..rows.logits import head_logits
+
 POSITIONS_PER_SLICE = 256  # [positions, vocab] fp32 logits at a time (262k vocab: 256 MB)
 BATCH_TOKENS = 4096
 
@@ -50,9 +53,13 @@ class TextScore:
 
 
 def _logits(model, hidden: torch.Tensor) -> torch.Tensor:
-    logits = model.get_output_embeddings()(hidden).float()
-    cap = getattr(model.config, "final_logit_softcapping", None)  # None while rows are attached
-    return torch.tanh(logits / cap) * cap if cap else logits
+    """The model's logits: rows attached, its head returns them finished (its own transform is
+    off meanwhile); plain, the head's output gets the model's transform (scale, softcap), the
+    hidden states cast to the head's dtype first, as the model's forward does."""
+    head = model.get_output_embeddings()
+    if isinstance(head, ExtendedHead):
+        return head(hidden).float()
+    return head_logits(model, hidden, head)
 
 
 def score_text(model, tokenizer, chunks: list[str], *, context_id: int, first_new_id: int | None = None,

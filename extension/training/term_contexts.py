@@ -215,9 +215,7 @@ class TermContextObjective:
             old_bias = head_bias[: self.base_vocab_size]
 
         def teacher_log_probs(h: torch.Tensor) -> torch.Tensor:
-            z = F.linear(h, old_weight, old_bias).float()
-            if adapter.softcap:
-                z = torch.tanh(z / adapter.softcap) * adapter.softcap
+            z = adapter.transform.apply_(F.linear(h.to(old_weight.dtype), old_weight, old_bias).float())
             return torch.log_softmax(z, dim=-1)
 
         chain_rows: dict[int, tuple[int, int, float]] = {}
