@@ -164,3 +164,61 @@ def test_a_head_that_cannot_be_reproduced_is_refused_with_the_reason():
     assert "differ" in head_mismatch(model, BASE_VOCAB)
     with pytest.raises(UnsupportedModelError, match="Shifted.*forward does more"):
         attach(model, BASE_VOCAB, _rows(model))
+
+
+# -- Mamba (state-spaces mamba-*-hf) at bf16 compute: fp32 hidden states, a bf16 head -----------
+def mamba_bf16():
+    return _tiny("mamba").to(torch.bfloat16)
+
+
+def test_mamba_keeps_fp32_hidden_states_under_its_bf16_head():
+    model = mamba_bf16()
+    with torch.no_grad():
+        hidden = model.base_model(input_ids=_ids(), use_cache=False).last_hidden_state
+    assert hidden.dtype == torch.float32 and model.get_output_embeddings().weight.dtype == torch.bfloat16
+
+
+def test_mamba_at_bf16_is_evaluated_through_its_head():
+    from extension.evaluation.scoring import Scorer
+
+    model = mamba_bf16()
+    scorer = Scorer(model, batch_tokens=256, logit_elements=1 << 16)
+    sequences = [[1, *range(3, 40)], [1, *range(50, 70)]]
+    with torch.inference_mode():
+        scorer.check_head_path(sequences[0])
+        assert scorer.use_head_path
+        via_head = scorer.score(sequences, pad_id=1)
+        scorer.use_head_path = False
+        via_forward = scorer.score(sequences, pad_id=1)
+    assert via_head == pytest.approx(via_forward, rel=1e-3)
+
+
+def test_mamba_at_bf16_is_scored_for_selection():
+    from extension.selection.scoring import score_text
+
+    class Tok:
+        def __call__(self, chunks, **_):
+            ids = [[(ord(c) % 200) + 3 for c in chunk] for chunk in chunks]
+            return {"input_ids": ids, "offset_mapping": [[(i, i + 1) for i in range(len(c))] for c in chunks]}
+
+    model = mamba_bf16()
+    score = score_text(model, Tok(), ["hello there"], context_id=1)
+    batch = torch.tensor([[1, *Tok()(["hello there"])["input_ids"][0]]])
+    with torch.no_grad():
+        logits = model(input_ids=batch).logits[0, :-1].float()
+    assert score.nats == pytest.approx(float(F.cross_entropy(logits, batch[0, 1:], reduction="sum")), rel=1e-3)
+
+
+def test_mamba_at_bf16_trains_its_rows_against_its_own_loss():
+    model = mamba_bf16()
+    merged = copy.deepcopy(model)
+    adapter = attach(model, BASE_VOCAB, _rows(model))
+    ids, targets = _ids(), _ids(seed=5)
+    loss = adapter.loss(adapter.hidden(ids), targets)
+    loss.backward()
+    assert adapter.input_rows.grad.abs().max() > 0
+    adapter.merge(into=merged)
+    with torch.no_grad():
+        own = merged(input_ids=ids).logits[..., : BASE_VOCAB + NEW].float()
+    reference = F.cross_entropy(own.reshape(-1, own.shape[-1]), targets.reshape(-1))
+    assert float(loss) == pytest.approx(float(reference), rel=1e-2)
