@@ -15,6 +15,7 @@ from .base_tokenizers import BaseTokenizers
 from .db.engine import init_db, make_engine, make_sessionmaker
 from .guard import RequestGuard
 from .queue import JobQueue
+from .rate_limit import SubmitRate
 from .routes import artifacts, files, health, jobs, models
 from .settings import Settings, get_settings
 from .storage import ensure_dirs
@@ -62,6 +63,7 @@ async def _lifespan(app: FastAPI):
         with contextlib.suppress(asyncio.CancelledError):
             await task
         app.state.queue.close()
+        app.state.submit_rate.close()
         app.state.engine.dispose()
 
 
@@ -77,6 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.sessions = make_sessionmaker(engine)
     app.state.queue = JobQueue(settings)
     app.state.base_tokenizers = BaseTokenizers(settings)
+    app.state.submit_rate = SubmitRate(settings)
     errors.install(app)
     app.add_middleware(RequestGuard, settings=settings, sessions=app.state.sessions)
     for module in (health, jobs, files, artifacts, models):

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from sqlalchemy import select
 
 from ..db.jobs import add_event, current, delete_finished, request_cancel
@@ -17,7 +17,7 @@ from ..schemas import ErrorResponse, EventList, ExtendRequest, JobList, JobStatu
 from ..schemas import Event as EventOut
 from ..schemas import Job as JobOut
 from ..storage import job_artifacts_dir, job_work_dir, remove_tree
-from ..submission import submit
+from ..submission import existing_job, submit
 from ..views import job_view
 from . import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND, STORAGE_FULL, TOO_MANY_JOBS
 
@@ -36,6 +36,15 @@ def owned_job(db, key, job_id: str) -> Job:
         # Another key's job is indistinguishable from no job at all.
         raise no_job(job_id)
     return job
+
+
+def drop_message(queue, job_id: str, base_model: str | None) -> None:
+    """A finished job's message still waiting in the queue is taken out (issue 38): best effort,
+    as a worker's parent drops any it meets anyway."""
+    try:
+        queue.drop(job_id, base_model)
+    except Exception as exc:
+        log.warning("could not take the message of %s out of its queue: %s", job_id, exc)
 
 
 def enqueue(db, queue, job: Job) -> None:
@@ -58,13 +67,17 @@ def enqueue(db, queue, job: Job) -> None:
     summary="Start a job: extend a model's vocabulary with new terms",
     responses={
         202: {"description": "Accepted; poll the Location", "headers": {"Location": {"schema": {"type": "string"}, "description": "The job's URL"}}},
-        **CONFLICT, **TOO_MANY_JOBS, **STORAGE_FULL,
+        **CONFLICT, **STORAGE_FULL,
+        429: {**TOO_MANY_JOBS[429], "description": "This key has TIDE_MAX_ACTIVE_JOBS_PER_KEY jobs queued or running "
+              "(too_many_active_jobs), or sent TIDE_MAX_SUBMITS_PER_MINUTE_PER_KEY submits in the last minute "
+              "(too_many_submits, with Retry-After)"},
         408: {"model": ErrorResponse, "description": "The body stopped arriving for TIDE_REQUEST_BODY_TIMEOUT_S"},
         413: {"model": ErrorResponse, "description": "The body is larger than TIDE_MAX_REQUEST_BODY_BYTES"},
     },
 )
 def extend(
     body: ExtendRequest,
+    request: Request,
     response: Response,
     sessions: SessionsDep,
     key: KeyDep,
@@ -74,6 +87,8 @@ def extend(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", description="Retrying with the same key returns the same job")] = None,
 ) -> JobOut:
     with sessions() as db:
+        if idempotency_key is None or existing_job(db, key, idempotency_key) is None:
+            request.app.state.submit_rate.check(key.id)  # a replay of a job already accepted is not counted
         job, created = submit(db, key, body, settings, idempotency_key, tokenizers)
         if created:
             enqueue(db, queue, job)
@@ -133,7 +148,7 @@ def job_events(
 
 
 @router.post("/jobs/{job_id}/cancel", response_model=JobOut, summary="Cancel a queued or running job", responses={**NOT_FOUND, **CONFLICT})
-def cancel_job(job_id: str, sessions: SessionsDep, key: KeyDep) -> JobOut:
+def cancel_job(job_id: str, sessions: SessionsDep, key: KeyDep, queue=Depends(get_queue)) -> JobOut:
     with sessions() as db:
         owned_job(db, key, job_id)
         holds, job = request_cancel(db, job_id)
@@ -141,13 +156,15 @@ def cancel_job(job_id: str, sessions: SessionsDep, key: KeyDep) -> JobOut:
             raise no_job(job_id)
         if not holds:
             raise ApiError(409, "job_finished", f"job {job_id} already {job.status}; there is nothing to cancel", "job_id")
-        return job_view(job)
+    if job.status == "cancelled":  # it was queued: its message would only cost a worker a process
+        drop_message(queue, job_id, job.base_model)
+    return job_view(job)
 
 
 @router.delete("/jobs/{job_id}", status_code=204, summary="Delete a finished job and its artifacts", responses={**NOT_FOUND, **CONFLICT})
-def delete_job(job_id: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep) -> Response:
+def delete_job(job_id: str, sessions: SessionsDep, key: KeyDep, settings: SettingsDep, queue=Depends(get_queue)) -> Response:
     with sessions() as db:
-        owned_job(db, key, job_id)
+        base_model = owned_job(db, key, job_id).base_model
         while True:
             deleted, inline_corpus = delete_finished(db, job_id)
             if deleted:
@@ -160,6 +177,7 @@ def delete_job(job_id: str, sessions: SessionsDep, key: KeyDep, settings: Settin
             # it finished between the DELETE and the look: once finished it stays so, try again
     # Files go once the rows are gone: a download that finds them missing finds the job gone too,
     # and one already sending holds its files open until it has sent every byte.
+    drop_message(queue, job_id, base_model)  # one a cancel could not take back
     remove_tree(job_artifacts_dir(settings, job_id))
     remove_tree(job_work_dir(settings, job_id))
     if inline_corpus is not None:

@@ -147,6 +147,7 @@ def fault_settings(tmp_path, redis_server, tiny_model_dir, builtin_tokenizers_in
         cancel_poll_s=0.2,
         worker_nice=0,
         readyz_timeout_s=1.0,
+        max_submits_per_minute_per_key=0,  # parallel-submit drills count other limits; test_dead_messages sets its own
     )
 
 

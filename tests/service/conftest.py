@@ -106,6 +106,7 @@ def service_settings(tmp_path_factory, redis_url, builtin_tokenizers_in_cache):
         max_upload_bytes=256 * 1024,
         max_corpus_text_chars=200_000,
         max_active_jobs_per_key=1000,  # these tests leave queued jobs behind on purpose; tests/faults tests the limit
+        max_submits_per_minute_per_key=0,  # no rate limit: tests/faults/test_dead_messages.py tests it
         lease_s=3,  # short, so the takeover test needs seconds, not minutes
         cancel_poll_s=0.2,
         sweep_interval_s=1.0,
