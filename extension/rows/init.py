@@ -170,9 +170,24 @@ def _piece_index(new_tokens: Sequence, base_vocab_size: int) -> tuple[torch.Tens
     return torch.tensor(ids, dtype=torch.long), torch.tensor(owners, dtype=torch.long)
 
 
+# A base whose embedding is a multiple of this keeps it (Megatron pads to 128, Llama 3 has 128,256
+# rows, Qwen 2.5 151,936): kernels and tensor-parallel splits were sized for it.
+BASE_MULTIPLE = 128
+
+
+def effective_multiple(current: int, multiple: int) -> int:
+    """The multiple the vocabulary is padded to: the option's (1: no padding), or the base's 128
+    where the base's `current` rows are a multiple of 128 and the option asks for less."""
+    if multiple and multiple > 1 and current % BASE_MULTIPLE == 0:
+        return max(multiple, BASE_MULTIPLE)
+    return multiple
+
+
 def padded_vocab_size(needed: int, current: int, multiple: int) -> int:
-    """Never shrink (rows past the tokenizer may exist already); round up to `multiple`."""
+    """Never shrink (rows past the tokenizer may exist already); round up to `multiple`, or to the
+    base's 128 where it has that (effective_multiple)."""
     size = max(needed, current)
+    multiple = effective_multiple(current, multiple)
     if multiple and multiple > 1:
         size = math.ceil(size / multiple) * multiple
     return size
@@ -215,7 +230,7 @@ def apply_rows(
         "base_vocab_size": base_vocab_size,
         "new_rows": len(rows),
         "vocab_size": new_size,
-        "pad_to_multiple_of": pad_to_multiple_of,
+        "pad_to_multiple_of": effective_multiple(current, pad_to_multiple_of),
         "padding_ids": padding_ids,
         "tied": tied,
     }

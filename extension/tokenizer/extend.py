@@ -147,12 +147,17 @@ def _build_until_verified(view: BaseView, routing: _Routing) -> tuple[object, Ne
         in_probe = terms_in_probe(backend, view, new_vocab.owners())
         if not failures and not in_probe:
             return extended, new_vocab
+        # A tokenizer without merges (Unigram, WordPiece) has only added tokens to offer: say so.
+        only_added = "" if view.is_bpe else (
+            f"the {view.algorithm} tokenizer takes new terms only as added tokens (it has no merges), and an "
+            "added token does not make it one token without changing other text: ")
         for term, why in failures.items():
             routing.demote(
                 term,
                 as_merges=f"merges alone do not make it one token: {why}",
                 as_added_token=(
                     "unsupported",
+                    f"{only_added}{why}" if only_added else
                     f"neither merges nor an added token make it one token without changing other text: {why}",
                 ),
             )

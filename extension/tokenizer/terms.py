@@ -219,8 +219,14 @@ def nothing_to_add_error(terms: list[str], skipped: list[SkippedTerm], base_mode
     first = reasons[0]
     index = next((i for i, term in enumerate(terms) if normalized_term(term) == first.term), 0)
     others = f" (and {len(reasons) - 1} more term{'s' if len(reasons) > 2 else ''} like it)" if len(reasons) > 1 else ""
+    if first.reason == "already_single_token":
+        advice = f"give terms the {base_model} tokenizer splits into several pieces"
+    elif "only as added tokens" in first.detail:  # the terms are split already: the tokenizer is the limit
+        advice = (f"TIDE cannot add such terms to the {base_model} tokenizer without changing other text; extend a "
+                  "base model whose tokenizer is BPE (a tokenizer.json with merges), where new terms become merges")
+    else:
+        advice = f"TIDE cannot add such terms to the {base_model} tokenizer without changing other text; give other terms"
     return InvalidTermsError(
-        f"nothing to add: {first.detail.removesuffix('; nothing to add')}{others}; "
-        f"give terms the {base_model} tokenizer splits into several pieces",
+        f"nothing to add: {first.detail.removesuffix('; nothing to add')}{others}; {advice}",
         param=f"terms[{index}]",
     )
