@@ -71,6 +71,12 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Longest wait for the next piece of a request body, in seconds; a client that stalls longer "
         "gets 408 and its connection is closed"
     )
+    max_upload_s: float = Field(
+        4 * 3600.0, gt=0,
+        description="Longest one corpus upload (POST /files) may take to arrive, in seconds; past it the upload gets 408 "
+        "and nothing is kept. The sweeper removes an upload's leftovers (the partial file and the quota it reserved, left "
+        "by an API killed mid-upload) once nothing has written them for this long",
+    )
     max_active_jobs_per_key: int = Field(
         4, ge=1, description="Most jobs one API key may have queued or running at once; POST /extend answers 429 beyond it"
     )

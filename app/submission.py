@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import uuid
 from collections import OrderedDict
 from pathlib import Path
@@ -30,6 +31,7 @@ from .schemas import ExtendRequest
 from .settings import Settings
 from .storage import upload_path
 from .terms import check_terms_add_something, validate_terms
+from .uploads import write_corpus
 
 
 def new_file_id() -> str:
@@ -97,17 +99,22 @@ def _own_file(db: Session, key: ApiKey, file_id: str) -> StoredFile:
 
 
 def _write_inline_corpus(key: ApiKey, text: str, settings: Settings) -> StoredFile:
-    """Write corpus_text to an upload file and check it; the row is not added to the session yet."""
+    """Write corpus_text the way POST /files writes an upload (a partial file, the same 507 on a
+    full disk), check it, rename it into place; the row is not added to the session yet."""
     file_id = new_file_id()
     path = upload_path(settings, file_id, ".txt")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{file_id}.partial")
     data = text.encode("utf-8")
-    path.write_bytes(data)
+    write_corpus(partial, data, "corpus_text")
     try:
-        documents, _size = check_corpus(path, label="corpus_text")
+        documents, _size = check_corpus(partial, label="corpus_text")
+        os.replace(partial, path)
     except InvalidCorpusError as exc:
-        path.unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
         raise ApiError(422, exc.code, exc.message, "corpus_text") from None
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return StoredFile(
         id=file_id, owner_id=key.id, filename="corpus_text.txt", path=str(path), bytes=len(data),
         sha256=hashlib.sha256(data).hexdigest(), documents=documents, source="inline",
@@ -191,7 +198,7 @@ def submit(
     # Only a request valid in every other way counts against the key's limits: a 429 or 507 must
     # never stand in for a 422 that waiting would not cure.
     try:
-        check_new_job(db, key, settings)
+        check_new_job(db, key, settings, inline.bytes if inline is not None else 0)  # holds the key's row until the commit
     except ApiError:
         if inline is not None:
             Path(inline.path).unlink(missing_ok=True)

@@ -10,7 +10,11 @@ nothing stays running forever, nothing stays forever.
 - a running job whose lease expired (its worker died) is marked worker_lost and queued again:
   the next worker resumes it from its checkpoint, and after `max_attempts` it fails; a job that
   was being cancelled when its worker died is simply marked cancelled;
-- artifacts, work folders and uploads older than the TTL are deleted.
+- artifacts, work folders and uploads older than the TTL are deleted;
+- what an upload an API was killed in the middle of left behind, its `.file_*.partial` file and
+  the bytes it held of its key's quota, goes once nothing has written it for TIDE_MAX_UPLOAD_S:
+  a live upload writes its file with every piece of body (a stalled one gets 408 after
+  TIDE_REQUEST_BODY_TIMEOUT_S) and is itself refused once it has run that long.
 Every step is a conditional update, so two API replicas sweeping at once do no harm, and a
 duplicate message is harmless: the worker's claim runs a job once.
 """
@@ -23,11 +27,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from sqlalchemy import func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from .db.jobs import add_event, finish_unowned, release_lost_worker
-from .db.models import TERMINAL, Event, Job, StoredFile, utcnow
+from .db.models import TERMINAL, Event, Job, StoredFile, UploadReservation, utcnow
 from .settings import Settings
 from .storage import job_artifacts_dir, job_work_dir, remove_tree
 
@@ -49,7 +53,8 @@ def sweep(settings: Settings, sessions: sessionmaker[Session], queue, memory: Sw
     now = utcnow()
     counts = {
         "resent": 0, "requeued": 0, "undeliverable": 0, "queue_timeout": 0, "worker_lost": 0,
-        "failed_attempts": 0, "cancelled": 0, "expired": 0, "uploads_deleted": 0,
+        "failed_attempts": 0, "cancelled": 0, "expired": 0, "uploads_deleted": 0, "partials_deleted": 0,
+        "reservations_released": 0,
     }
     with sessions() as db:
         unsent = db.execute(select(Job.id, Job.base_model).where(Job.status == "queued", Job.enqueued_at.is_(None), Job.created_at < now - _UNSENT_GRACE))
@@ -109,9 +114,32 @@ def sweep(settings: Settings, sessions: sessionmaker[Session], queue, memory: Sw
             db.delete(stored)
             db.commit()
             counts["uploads_deleted"] += 1
+
+        _remove_upload_leftovers(db, settings, now, counts)
     if any(counts.values()):
         log.info("sweep: %s", counts)
     return counts
+
+
+def _remove_upload_leftovers(db: Session, settings: Settings, now: datetime, counts: dict[str, int]) -> None:
+    """Partial files and quota reservations nothing has written for TIDE_MAX_UPLOAD_S."""
+    cutoff = now - timedelta(seconds=settings.max_upload_s)
+    try:
+        partials = list(settings.resolved_uploads_dir.glob(".file_*.partial"))
+    except OSError as exc:
+        log.warning("sweep: could not list %s: %s", settings.resolved_uploads_dir, exc)
+        partials = []
+    for partial in partials:
+        try:
+            if partial.stat().st_mtime < cutoff.timestamp():
+                partial.unlink()
+                counts["partials_deleted"] += 1
+        except FileNotFoundError:
+            continue  # its upload finished (renamed) or failed (removed) since the listing
+    counts["reservations_released"] += db.execute(
+        delete(UploadReservation).where(UploadReservation.updated_at < cutoff).execution_options(synchronize_session=False)
+    ).rowcount
+    db.commit()
 
 
 def _recover_lost_messages(db: Session, settings: Settings, queue, memory: SweepMemory, now: datetime, counts: dict[str, int]) -> None:

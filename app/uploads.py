@@ -4,6 +4,12 @@ Starlette's form parser would spool the whole body to a temporary file before th
 refuse it; this parser stops at the first byte over the limit. The parser runs in a worker
 thread, chunk by chunk, because its callbacks write the file: disk writes never block the event
 loop. Only a body that reaches its closing boundary is a complete upload.
+
+Before a byte of the file is written, its bytes are held of the key's storage quota (`reserve`):
+at its first byte the most the body's Content-Length leaves for it, for a chunked body a
+mebibyte at a time; an upload that would pass the quota stops there. Every corpus, uploaded or
+inline (`write_corpus`), is written to a `.file_<id>.partial` file that is renamed into place
+once checked, and a full disk gets the one 507 of `insufficient_storage`.
 """
 
 from __future__ import annotations
@@ -11,6 +17,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,6 +27,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.concurrency import run_in_threadpool
 
 from .errors import ApiError
+from .quotas import _size
 
 _FIELD_LIMIT = 1024  # small text fields (text_field) only
 MAX_FILENAME_CHARS = 255  # what every common file system allows a name; the files table's column too
@@ -27,6 +36,11 @@ MAX_FILENAME_CHARS = 255  # what every common file system allows a name; the fil
 _HEADER_LIMIT = 32 * 1024
 MULTIPART_OVERHEAD = 64 * 1024  # part headers and boundaries around a file of the largest allowed size
 _HOW = "send the corpus as multipart/form-data with the file in a field named 'file' (curl -F file=@corpus.txt)"
+RESERVE_STEP = 1024 * 1024  # a chunked body (no Content-Length) holds its quota a mebibyte at a time
+
+# reserve(needed, wanted, what) -> bytes held: at least `needed` of the key's quota, up to `wanted`;
+# raises ApiError 507 naming `what` ("the upload (2.0 MB)") if `needed` would pass the quota
+Reserve = Callable[[int, int, str], int]
 
 
 @dataclass
@@ -54,6 +68,12 @@ class _State:
     hasher: "hashlib._Hash" = field(default_factory=hashlib.sha256)
     problem: ApiError | None = None
     complete: bool = False  # the closing boundary was seen
+    reserve: Reserve | None = None
+    reserved: int = 0  # bytes of the key's quota held for the file
+    declared: int | None = None  # the body's Content-Length
+    closing: int = 0  # length of the closing boundary, which follows the file's last byte
+    fed: int = 0  # body bytes given to the parser before the chunk it is parsing
+    failure: Exception | None = None  # a server error in a callback (the database), re-raised as such
 
 
 def _callbacks(state: _State) -> dict:
@@ -95,6 +115,10 @@ def _callbacks(state: _State) -> dict:
             if state.written > state.limit:
                 state.problem = upload_too_large(f"more than {state.limit} bytes", state.limit)
                 return
+            if state.reserve is not None and state.written > state.reserved:
+                _hold(state, start, len(chunk))
+                if state.problem is not None or state.failure is not None:
+                    return
             state.hasher.update(chunk)
             state.handle.write(chunk)
         else:
@@ -121,8 +145,63 @@ def _callbacks(state: _State) -> dict:
     }
 
 
-async def receive_file(request: Request, partial: Path, limit: int) -> ReceivedFile:
-    """Write the 'file' part to `partial`. Raises ApiError (413/415/422); removes `partial` on error."""
+def _hold(state: _State, start: int, length: int) -> None:
+    """Hold quota for the file's bytes up to this chunk's last before writing them: with a known
+    Content-Length, all the body can still hold of the file (so the check is made once, at the
+    first byte, and an upload that cannot fit is refused before it is written); else a mebibyte
+    ahead where it fits, at least this chunk. 507 (state.problem) if that would pass the quota."""
+    if state.declared is not None:
+        before = state.written - length  # file bytes before this chunk, which starts at body offset fed + start
+        needed = wanted = min(max(before + state.declared - (state.fed + start) - state.closing, state.written), state.limit)
+        what = f"the upload ({_size(needed)})"
+    else:
+        needed = state.written
+        wanted = max(needed, min(state.reserved + RESERVE_STEP, state.limit))
+        what = f"the upload (over {_size(needed)} so far)"
+    try:
+        state.reserved = state.reserve(needed, wanted, what)
+    except ApiError as refused:
+        state.problem = refused
+    except Exception as exc:
+        state.failure = exc
+
+
+def insufficient_storage(param: str) -> ApiError:
+    """The one answer to a full disk under a corpus, uploaded or inline."""
+    return ApiError(
+        507, "insufficient_storage",
+        "the server ran out of disk space while storing the corpus; nothing was kept — "
+        "try again later, and tell the operator if it persists",
+        param,
+    )
+
+
+def disk_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def write_corpus(partial: Path, data: bytes, param: str) -> None:
+    """Write a corpus given whole (inline corpus_text) to `partial`, as an upload is written:
+    synced, removed again on any error, a full disk answered with `insufficient_storage`."""
+    try:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        with partial.open("wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        if disk_full(exc):
+            raise insufficient_storage(param) from None
+        raise  # any other disk error is the server's fault: logged, answered 500
+
+
+async def receive_file(
+    request: Request, partial: Path, limit: int, *, reserve: Reserve | None = None, max_seconds: float | None = None,
+) -> ReceivedFile:
+    """Write the 'file' part to `partial`, holding its bytes with `reserve` before writing them.
+    Raises ApiError (408/413/415/422/507); removes `partial` on error (the caller lets go of what
+    it reserved). An upload still arriving after `max_seconds` gets 408."""
     content_type, params = parse_options_header(request.headers.get("content-type", ""))
     boundary = params.get(b"boundary")
     if content_type != b"multipart/form-data" or not boundary:
@@ -130,12 +209,27 @@ async def receive_file(request: Request, partial: Path, limit: int) -> ReceivedF
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit + MULTIPART_OVERHEAD:
         raise upload_too_large(f"{declared} bytes", limit)
-    state = _State(limit=limit, partial=partial)
+    state = _State(limit=limit, partial=partial, reserve=reserve)
+    if declared and declared.isdigit():
+        state.declared = int(declared)
+        state.closing = len(b"\r\n--" + boundary + b"--\r\n")  # without its last CRLF a body holds 2 bytes more, found then
     parser = MultipartParser(boundary, _callbacks(state), max_header_size=_HEADER_LIMIT)
+    started = time.monotonic()
     try:
         await run_in_threadpool(partial.parent.mkdir, parents=True, exist_ok=True)
         async for chunk in request.stream():
+            if max_seconds is not None and time.monotonic() - started > max_seconds:
+                raise ApiError(
+                    408, "request_timeout",
+                    f"the upload took longer than this server allows one upload, {max_seconds:g} s (TIDE_MAX_UPLOAD_S), "
+                    f"after {state.fed} bytes; nothing was kept — send it over a faster connection, or split the corpus "
+                    "into smaller files",
+                    "file",
+                )
             await run_in_threadpool(parser.write, chunk)
+            state.fed += len(chunk)
+            if state.failure is not None:
+                raise state.failure
             if state.problem is not None:
                 raise state.problem
         parser.finalize()
@@ -156,16 +250,13 @@ async def receive_file(request: Request, partial: Path, limit: int) -> ReceivedF
         raise
     except OSError as exc:
         await run_in_threadpool(_discard, state)
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise ApiError(
-                507, "insufficient_storage",
-                "the server ran out of disk space while storing the upload; nothing was kept — "
-                "try again later, and tell the operator if it persists",
-                "file",
-            ) from None
+        if disk_full(exc):
+            raise insufficient_storage("file") from None
         raise  # any other disk error is the server's fault: logged, answered 500
     except Exception as exc:  # the multipart parser's own errors: a malformed body
         await run_in_threadpool(_discard, state)
+        if exc is state.failure:
+            raise  # the server's own (the database, while holding quota): logged, answered 500
         if "header size" in str(exc):
             raise ApiError(
                 422, "invalid_request",

@@ -36,6 +36,8 @@ compgen -G "/usr/share/cmake-*/Help" >/dev/null || need+=(cmake-data)
 # Perl's manual (.pod), a second English technical domain of benchmarks/quality_selection.py.
 compgen -G "/usr/share/perl/*/pod/perlfunc.pod" >/dev/null || need+=(perl-doc)
 command -v redis-server >/dev/null || need+=(redis-server)
+# PostgreSQL's server binaries: tests/faults/postgres.py runs a throwaway cluster (initdb, pg_ctl).
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || need+=(postgresql)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 # Headless Chromium + its WebDriver for the browser tests of the pages (tests/service/test_pages_browser.py).
 command -v chromium >/dev/null || need+=(chromium)

@@ -1,4 +1,4 @@
-"""Tables: api_keys, browser_sessions, files, jobs, events."""
+"""Tables: api_keys, browser_sessions, files, upload_reservations, jobs, events."""
 
 from __future__ import annotations
 
@@ -69,6 +69,20 @@ class StoredFile(Base):
     documents: Mapped[int] = mapped_column(Integer)
     source: Mapped[str] = mapped_column(String(16), default="upload")  # upload | inline (corpus_text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class UploadReservation(Base):
+    """Bytes of the key's storage quota an upload in progress holds (app.quotas.reserve): counted
+    with the stored files, so parallel uploads cannot together pass the quota. Gone when the upload
+    is stored (in the same transaction as its files row) or fails; one an API killed mid-upload
+    left is removed by the sweeper once `updated_at` is older than TIDE_MAX_UPLOAD_S."""
+
+    __tablename__ = "upload_reservations"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)  # the file id the upload will have
+    owner_id: Mapped[int] = mapped_column(ForeignKey("api_keys.id"), index=True)
+    bytes: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class Job(Base):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
@@ -17,6 +19,7 @@ from ..db.files import list_files as db_list_files
 from ..db.models import StoredFile
 from ..deps import KeyDep, SessionsDep, SettingsDep
 from ..errors import ApiError, quoted
+from .. import quotas
 from ..quotas import check_storage
 from ..schemas import ErrorResponse, FileList, FileObject
 from ..storage import upload_path
@@ -64,23 +67,35 @@ async def upload(request: Request, sessions: SessionsDep, key: KeyDep, settings:
     await run_in_threadpool(_check_storage, sessions, key, settings)
     file_id = new_file_id()
     partial = settings.resolved_uploads_dir / f".{file_id}.partial"
-    received = await receive_file(request, partial, settings.max_upload_bytes)
-    jsonl = received.filename.lower().endswith((".jsonl", ".ndjson"))
-    text_field = received.fields.get("text_field") or "text"
+
+    def reserve(needed: int, wanted: int, what: str) -> int:  # called by the parser's thread before it writes
+        with sessions() as db:
+            return quotas.reserve(db, key, settings, file_id, needed, wanted, what)
+
+    stored = None
     try:
-        documents, _size = await run_in_threadpool(
-            check_corpus, partial, fmt=CorpusFormat(jsonl=jsonl, text_field=text_field), label=f"upload {received.filename!r}"
+        received = await receive_file(request, partial, settings.max_upload_bytes, reserve=reserve, max_seconds=settings.max_upload_s)
+        await run_in_threadpool(_settle, sessions, file_id, received.bytes)
+        jsonl = received.filename.lower().endswith((".jsonl", ".ndjson"))
+        text_field = received.fields.get("text_field") or "text"
+        try:
+            documents, _size = await run_in_threadpool(
+                check_corpus, partial, fmt=CorpusFormat(jsonl=jsonl, text_field=text_field), label=f"upload {received.filename!r}"
+            )
+        except InvalidCorpusError as exc:
+            raise ApiError(422, exc.code, exc.message, "file") from None
+        final = upload_path(settings, file_id, ".jsonl" if jsonl else ".txt")
+        await run_in_threadpool(os.replace, partial, final)
+        stored = StoredFile(
+            id=file_id, owner_id=key.id, filename=received.filename[:255], path=str(final), bytes=received.bytes,
+            sha256=received.sha256, documents=documents, source="upload",
         )
-    except InvalidCorpusError as exc:
-        await run_in_threadpool(partial.unlink, missing_ok=True)
-        raise ApiError(422, exc.code, exc.message, "file") from None
-    final = upload_path(settings, file_id, ".jsonl" if jsonl else ".txt")
-    await run_in_threadpool(os.replace, partial, final)
-    stored = StoredFile(
-        id=file_id, owner_id=key.id, filename=received.filename[:255], path=str(final), bytes=received.bytes,
-        sha256=received.sha256, documents=documents, source="upload",
-    )
-    await run_in_threadpool(_save, sessions, stored)
+        await run_in_threadpool(_save, sessions, stored)
+    except BaseException:
+        # Whatever stopped it (a refusal, the client gone, a server error), nothing of it is kept
+        # and its bytes leave the quota; an API killed here leaves both to the sweeper.
+        await asyncio.shield(run_in_threadpool(_forget, sessions, file_id, partial, stored))
+        raise
     return file_view(stored)
 
 
@@ -89,9 +104,25 @@ def _check_storage(sessions, key, settings) -> None:
         check_storage(db, key, settings)
 
 
+def _settle(sessions, file_id: str, written: int) -> None:
+    with sessions() as db:
+        quotas.settle(db, file_id, written)
+
+
+def _forget(sessions, file_id: str, partial, stored: StoredFile | None) -> None:
+    partial.unlink(missing_ok=True)
+    if stored is not None:  # renamed into place, but its row was not saved
+        Path(stored.path).unlink(missing_ok=True)
+    with sessions() as db:
+        quotas.release(db, file_id)
+        db.commit()
+
+
 def _save(sessions, stored: StoredFile) -> None:
+    """The file's row and the end of its reservation, in one transaction: its bytes are counted once, always."""
     with sessions() as db:
         db.add(stored)
+        quotas.release(db, stored.id)
         db.commit()
 
 

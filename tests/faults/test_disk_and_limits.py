@@ -110,14 +110,14 @@ def test_a_full_disk_fails_the_one_job_cleanly_and_the_next_job_runs(fault_setti
 
 
 def test_uploads_count_against_the_key_storage_limit(fault_settings):
-    settings = fault_settings.model_copy(update={"max_stored_bytes_per_key": 3000})
+    settings = fault_settings.model_copy(update={"max_stored_bytes_per_key": 4000})
     corpus = ("a document about hypertext and hyperlinks\n\n" * 48).encode()[:2000]
     with open_service(settings) as service:
-        for _ in range(2):  # 0 then 2,000 bytes kept: both under the limit when asked
+        for _ in range(2):  # 0 then 2,000 bytes kept: both fit under the limit
             assert service.client.post("/files", files={"file": ("c.txt", corpus)}, headers=service.auth).status_code == 201
         refused = service.client.post("/files", files={"file": ("c.txt", corpus)}, headers=service.auth)
         assert refused.status_code == 507 and refused.json()["error"]["code"] == "storage_quota_exceeded"
-        assert "4.0 kB" in refused.json()["error"]["message"] and "3.0 kB" in refused.json()["error"]["message"]
+        assert "keeps 4.0 kB" in refused.json()["error"]["message"] and "limit is 4.0 kB" in refused.json()["error"]["message"]
         job = service.client.post("/extend", json={"base_model": TINY_MODEL, "terms": ["hypertext"]}, headers=service.auth)
         assert job.status_code == 507
         # another key is not affected

@@ -20,7 +20,7 @@ from .served import served_api
 from .test_api_inputs import assert_error
 
 CORPUS = ("a document about hypertext and hyperlinks\n\n" * 48).encode()[:2000]
-QUOTA = 5000  # two 2,000-byte corpora fit under it, a third does not
+QUOTA = 6000  # three 2,000-byte corpora fit under it, a fourth does not
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_files_are_listed_with_their_jobs_and_deleted_over_http(server):
         assert [f["id"] for f in rest["data"]] == [first["id"]] and rest["next_cursor"] is None
         assert_error(http.get("/files", params={"cursor": "file_nope"}, headers=auth), 422, "cursor", "invalid_request")
 
-        # 4,000 bytes kept of 5,000: a third corpus still fits, then the key is past its limit
+        # 4,000 bytes kept of 6,000: a third corpus fits exactly; a fourth would pass the limit
         assert http.post("/files", files={"file": ("third.txt", CORPUS)}, headers=auth).status_code == 201
         full = http.post("/files", files={"file": ("fourth.txt", CORPUS)}, headers=auth)
         assert_error(full, 507, None, "storage_quota_exceeded")
