@@ -243,27 +243,32 @@ def load_config(resolved: ResolvedModel, sources: ModelSources):
     """The model's config alone (no weights): what memory planning and the context check read."""
     from transformers import AutoConfig
 
+    from .model_class import auto_class_name
+
     try:
-        return AutoConfig.from_pretrained(resolved.path, **_hub_kwargs(resolved, sources))
+        config = AutoConfig.from_pretrained(resolved.path, **_hub_kwargs(resolved, sources))
     except (OSError, ValueError) as exc:
         raise ModelNotFoundError(f"could not read the config of {resolved.name!r}: {_named(exc, resolved)}", param="base_model") from exc
+    auto_class_name(config)  # refuses, naming it, a class no Auto class TIDE uses can load (before any weights)
+    return config
 
 
 def load_model(resolved: ResolvedModel, sources: ModelSources, *, dtype=None, placement=None, offload_folder=None):
     """Load the model. Without `placement` (or `dtype`): on the CPU in the checkpoint's dtype. With
     an extension.plan.devices.Placement: straight onto its device (or spread by its device map) in its
     compute dtype — a GPU job never makes an fp32 copy on the CPU first."""
-    from transformers import AutoModelForCausalLM
+    from .model_class import auto_class
 
+    config = load_config(resolved, sources)
+    model_class = auto_class(config)  # a causal LM, or a multimodal model's image-text-to-text class
     if placement is not None:
         from .devices import checkpoint_dtype
 
-        kwargs = placement.load_kwargs(checkpoint_dtype(load_config(resolved, sources), resolved.path),
-                                       offload_folder=offload_folder)
+        kwargs = placement.load_kwargs(checkpoint_dtype(config, resolved.path), offload_folder=offload_folder)
     else:
         kwargs = {"dtype": dtype or "auto"}
     try:
-        return AutoModelForCausalLM.from_pretrained(resolved.path, **kwargs, **_hub_kwargs(resolved, sources))
+        return model_class.from_pretrained(resolved.path, **kwargs, **_hub_kwargs(resolved, sources))
     except OSError as exc:
         raise ModelNotFoundError(f"could not load the model {resolved.name!r}: {_named(exc, resolved)}", param="base_model") from exc
 

@@ -188,6 +188,7 @@ def publish(
     write_extra: Callable[[Path], None] | None = None,
     force: bool = False,
     max_shard_bytes: int | None = None,
+    base_dir: str | Path | None = None,
 ) -> list[dict[str, Any]]:
     """Write everything into a staging folder, then rename it to `out_dir`. Returns the manifest.
     `write_extra(staging)` writes further files (a carried-over optimizer state) before the manifest.
@@ -201,6 +202,7 @@ def publish(
         # like a sharded base (shard_limit), else transformers' default shard size
         model.save_pretrained(staging, **({"max_shard_size": max_shard_bytes} if max_shard_bytes else {}))
         tokenizer.save_pretrained(staging)
+        carry_processor_files(base_dir if base_dir is not None else getattr(model, "name_or_path", None), staging)
         write_json(staging / "tide_extension.json", extension)
         write_json(staging / "metrics.json", metrics)
         if plot_loss_curve(history or [], staging / "loss_curve.png"):
@@ -217,6 +219,32 @@ def publish(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return manifest
+
+
+# What a multimodal base's folder holds for AutoProcessor beside the tokenizer (Gemma 3 4B+,
+# Qwen2-VL, LLaVA): the processor's and the image/video/audio preprocessors' configs and chat
+# templates. None of them holds a token id the extension changes; the tokenizer is the extended one.
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json",
+                   "feature_extractor_config.json", "chat_template.json", "chat_template.jinja")
+PROCESSOR_FOLDERS = ("additional_chat_templates",)
+
+
+def carry_processor_files(base_dir: str | Path | None, staging: Path) -> list[str]:
+    """Copy the base folder's processor files (PROCESSOR_FILES) that the published folder lacks,
+    so AutoProcessor loads it as it loads the base. Returns the names copied."""
+    if base_dir is None or not Path(base_dir).is_dir():
+        return []
+    base_dir, copied = Path(base_dir), []
+    for name in PROCESSOR_FILES + PROCESSOR_FOLDERS:
+        source, target = base_dir / name, staging / name
+        if target.exists() or not source.exists():
+            continue
+        if source.is_dir():
+            shutil.copytree(source, target)
+        else:
+            shutil.copyfile(source, target)
+        copied.append(name)
+    return copied
 
 
 def _replace_dir(staging: Path, out_dir: Path) -> None:
