@@ -163,6 +163,9 @@ ARCHITECTURES = {  # class name -> (model_type, config options beyond the shared
                                           "moe_intermediate_size": 32}),
     "MixtralForCausalLM": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
     "GPT2LMHeadModel": ("gpt2", {"n_inner": 64}),
+    # logits not the head's output as is (issue 40): Granite divides them, Cohere multiplies them
+    "GraniteForCausalLM": ("granite", {"logits_scaling": 8.0}),
+    "CohereForCausalLM": ("cohere", {"logit_scale": 16.0}),
 }
 
 
@@ -202,6 +205,9 @@ CASES = [
     Case("smollm2", "LlamaForCausalLM", tied=True, dtype="float32", sharded=False),
     # fp32: a CPU computes a 262k-row bf16 head many times slower, and bf16 is covered above
     Case("gemma3", "Gemma3ForCausalLM", tied=True, dtype="float32", sharded=True),
+    # scaled logits, trained: the rows learn against the logits the model really gives
+    Case("llama3", "GraniteForCausalLM", tied=False, dtype="float32", sharded=False, train=True),
+    Case("qwen2", "CohereForCausalLM", tied=True, dtype="float32", sharded=False, train=True),
 ]
 TERMS = ["ciprofloxacin", "immunohistochemistry", "SARS-CoV-2", "免疫组化", "naïveté"]
 # Text with none of the new token strings: it must encode exactly as the base encodes it.
