@@ -80,16 +80,16 @@ class Settings(BaseSettings):
     max_active_jobs_per_key: int = Field(
         4, ge=1, description="Most jobs one API key may have queued or running at once; POST /extend answers 429 beyond it"
     )
+    max_submits_per_minute_per_key: int = Field(
+        60, ge=0,
+        description="Most POST /extend one API key may send in any 60 seconds (an idempotent replay is not counted); "
+        "beyond it 429 too_many_submits with Retry-After. Counted in Redis, shared by every API process; 0: no limit",
+    )
     max_stored_bytes_per_key: int = Field(
         20_000_000_000,
         ge=1,
         description="Most bytes of finished models and uploaded corpora one API key may keep on the server; "
         "POST /extend and POST /files answer 507 once it is reached",
-    )
-    max_submits_per_minute_per_key: int = Field(
-        60, ge=0,
-        description="Most POST /extend one API key may send in any 60 seconds (an idempotent replay is not counted); "
-        "beyond it 429 too_many_submits with Retry-After. Counted in Redis, shared by every API process; 0: no limit",
     )
 
     # browser pages

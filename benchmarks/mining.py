@@ -207,7 +207,7 @@ def run_domain(name: str, sizes: list[int], tokenizer, workdir: Path, log) -> di
 
     from extension.plan.corpus import is_held_out, iter_documents
     from extension.mining import MiningFilters, mine_terms
-    from extension.mining.miner import _count_words
+    from extension.mining.miner import count_words
     from extension.mining.vocabulary import TokenizerView
     from extension.tokenizer import extend_with_merges
 
@@ -231,7 +231,7 @@ def run_domain(name: str, sizes: list[int], tokenizer, workdir: Path, log) -> di
     started = time.perf_counter()
     domain_merges = train_domain_bpe(tokenizer, segments, vocab_size=256 + 6 * max(sizes))
     bpe_seconds = time.perf_counter() - started
-    counts, _stats = _count_words(view, train, filters, None)
+    counts, _stats = count_words(view, train, filters, None)
     log(f"[{name}] {len(docs)} docs, domain BPE {len(domain_merges)} merges in {bpe_seconds:.1f}s")
 
     for n in sizes:

@@ -163,9 +163,9 @@ def _gemma_tokenizer_dir() -> str:
     if not (target / "tokenizer.json").exists():
         from transformers import AutoTokenizer
 
-        from extension.plan.models import BUILTIN_MODELS, _builtin_gguf
+        from extension.plan.models import BUILTIN_MODELS, builtin_gguf
 
-        gguf = _builtin_gguf(BUILTIN_MODELS["gemma3-270m"], REPO / ".cache")
+        gguf = builtin_gguf(BUILTIN_MODELS["gemma3-270m"], REPO / ".cache")
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(target)
     return str(target)
 

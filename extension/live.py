@@ -6,8 +6,8 @@
     trainer.train()   # at step 500: new tokens, rows trained briefly, optimizer grown; training goes on
 
 At the chosen step (after that step's optimizer update) the callback runs the same stages as
-`tide extend` (pipeline.new_vocabulary: extend or mine, initialise the rows, train only the new rows,
-here on the live model itself), writes the rows into the resized model, and grows the live
+`tide extend` between load and evaluate (mine or extend, init, generate, train, select: each
+package's stage.py, here on the live model itself), writes the rows into the resized model, and grows the live
 optimizer's state in place with optimizer_state.grow_live_optimizer: every old row's moments and
 every other parameter's state untouched, the new rows' moments from TIDE's own training. The
 Trainer's `processing_class` becomes the extended tokenizer, so later checkpoints save it; a
@@ -29,8 +29,12 @@ from .rows.init import apply_rows
 from .training.optimizer_state import grow_live_optimizer, vocab_parameters
 from .plan.options import defaults_for_device
 from .plan.job import validate_spec
-from .pipeline import new_vocabulary
-from .plan.spec import Callbacks, ExtendSpec
+from .mining.stage import mine_corpus
+from .plan.spec import Callbacks, ExtendSpec, mines_corpus
+from .rows.stage import start_rows
+from .selection.stage import Chosen, choose_terms
+from .tokenizer.stage import extend_with_terms
+from .training.stage import Trained, train_new_rows, write_texts
 
 
 class ExtendVocabularyCallback(TrainerCallback):
@@ -105,11 +109,11 @@ def extend_live_run(trainer, spec: ExtendSpec, callbacks: Callbacks | None = Non
     with torch.random.fork_rng(devices=devices):
         model.eval()
         try:
-            vocabulary = new_vocabulary(spec, model, trainer.processing_class, callbacks)
+            chosen, trained = _new_rows(spec, model, trainer.processing_class, callbacks)
         finally:
             model.train(was_training)
-    extended = vocabulary.extended
-    rows_report = apply_rows(model, vocabulary.rows, base_vocab_size=extended.base_vocab_size,
+    extended = chosen.extended
+    rows_report = apply_rows(model, chosen.rows, base_vocab_size=extended.base_vocab_size,
                              pad_to_multiple_of=spec.pad_to_multiple_of)
     after = _vocab_params(model)  # resizing made new parameter objects
     for role, param in after.items():
@@ -117,7 +121,7 @@ def extend_live_run(trainer, spec: ExtendSpec, callbacks: Callbacks | None = Non
     optimizer_report = grow_live_optimizer(
         trainer.optimizer, [(before[role], after[role], role) for role in after],
         base_vocab_size=extended.base_vocab_size,
-        adapter_optimizer_state=vocabulary.optimizer_state,
+        adapter_optimizer_state=chosen.optimizer_state,
     )
     trainer.processing_class = extended.tokenizer
     report = extended.to_json()
@@ -126,11 +130,23 @@ def extend_live_run(trainer, spec: ExtendSpec, callbacks: Callbacks | None = Non
         "new_tokens": report["new_tokens"],
         "skipped": report["skipped"],
         "vocab": {k: rows_report[k] for k in ("base_vocab_size", "vocab_size", "tied")},
-        "trained_steps": vocabulary.trained.steps_done if vocabulary.trained else 0,
+        "trained_steps": trained.result.steps_done if trained.result else 0,
         "device_defaults": {"device": model.device.type, "options": device_defaults},
-        "selection": {k: v for k, v in vocabulary.selection.items() if k != "effects"},
+        "selection": {k: v for k, v in chosen.report.items() if k != "effects"},
         "optimizer": optimizer_report,
     }
+
+
+def _new_rows(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks) -> tuple[Chosen, Trained]:
+    """The stages of `tide extend` from mine / extend to select, trained on `model` itself, where
+    it is (never a copy of it)."""
+    rows_in_use = model.get_input_embeddings().weight.shape[0]
+    mined = mine_corpus(spec, tokenizer, callbacks, documents=0, embedding_rows=rows_in_use) if mines_corpus(spec) else None
+    extended = mined.extended if mined else extend_with_terms(spec, tokenizer, callbacks, embedding_rows=rows_in_use)
+    start = start_rows(spec, model, tokenizer, extended, callbacks)
+    texts = write_texts(spec, model, tokenizer, extended, callbacks)
+    trained = train_new_rows(spec, model, extended, start, texts, callbacks)
+    return choose_terms(spec, model, tokenizer, extended, trained, texts, start, mined, callbacks), trained
 
 
 def _vocab_params(model) -> dict[str, torch.nn.Parameter]:

@@ -22,8 +22,8 @@ from tests.service.conftest import foldoc_documents
 
 TERMS = ["compiler", "interrupt"]
 # A stage that did not run is not recorded; these are the stages of each kind of job.
-TERMS_JOB_STAGES = {"load", "extend", "init", "generate", "train", "evaluate", "padding_calibration", "publish"}
-CORPUS_JOB_STAGES = {"load", "mine", "init", "train", "evaluate", "padding_calibration", "publish"}
+TERMS_JOB_STAGES = {"load", "extend", "init", "generate", "train", "select", "evaluate", "padding_calibration", "publish"}
+CORPUS_JOB_STAGES = {"load", "mine", "init", "generate", "train", "select", "evaluate", "padding_calibration", "publish"}
 # tiny_model_dir's modules, one layer on disk: accelerate's offload, brought in per forward
 SPLIT = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
          "model.norm": "cpu", "lm_head": "cpu"}

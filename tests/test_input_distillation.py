@@ -10,7 +10,7 @@ import torch
 
 from app.cli import main
 from extension.rows.init import NewRows, subword_mean_rows
-from extension.training.input_distillation import DISTILLED_NAME, _batch_loss, distill_input_rows, window_contexts
+from extension.training.input_distillation import DISTILLED_NAME, batch_loss, distill_input_rows, window_contexts
 from extension.rows.adapter import attach
 from extension.tokenizer import NewToken
 from tests.conftest import tiny_llama
@@ -50,10 +50,10 @@ def test_distillation_moves_only_the_input_rows_and_brings_the_student_closer_to
         output_before = None if tied else adapter.output_rows.detach().clone()
         contexts = window_contexts(_stream(), BASE, per_token=16)
         with torch.no_grad():
-            before = float(_batch_loss(adapter, contexts, PIECES, pad=0))
+            before = float(batch_loss(adapter, contexts, PIECES, pad=0))
         report = distill_input_rows(adapter, contexts, PIECES, lr=1e-2, pad=0, epochs=4)
         with torch.no_grad():
-            after = float(_batch_loss(adapter, contexts, PIECES, pad=0))
+            after = float(batch_loss(adapter, contexts, PIECES, pad=0))
         assert report.contexts == len(contexts) == 48 and report.steps == 8
         assert after < 0.8 * before, (tied, before, after)
         if not tied:
@@ -80,7 +80,8 @@ def test_tide_extend_init_distill_distils_then_trains(tmp_path, tiny_model_dir, 
                  "--keep-all-terms", "--init", "distill", "--distill-contexts", "2"]) == 0
     report = json.loads((out / "tide_extension.json").read_text())
     init = report["init"]
-    assert init["method"] == "composition" or init.get("fallback_reason")
+    # what ran is recorded (issue 37 item 5: it said "composition"), and what the distillation started from
+    assert init["method"] == "distill" and (init["starts_from"] == "composition" or init.get("fallback_reason"))
     distilled = init["distillation"]
     assert distilled["contexts"] > 0 and distilled["steps"] > 0 and distilled["loss_last"] is not None
     assert distilled["contexts"] <= 2 * len(report["new_tokens"])  # --distill-contexts: at most 2 per new token

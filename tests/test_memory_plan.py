@@ -44,7 +44,7 @@ def test_the_plan_counts_weights_activations_loss_rows_and_evaluation():
 
 def test_a_cpu_job_computing_in_bf16_counts_the_checkpoint_copy_it_publishes():
     """bf16 on an AMX CPU, fp32 checkpoint: publishing loads the fp32 weights beside the bf16
-    ones and resizes those (pipeline._publishable), so the plan's last phase holds both."""
+    ones and resizes those (publishing.stage._publishable), so the plan's last phase holds both."""
     parameters = memory_plan.count_parameters(SMOLLM2)
     same = plan_job(SMOLLM2, placement=CPU, dtype=torch.bfloat16, batch_size=4, seq_len=128, steps=10, new_rows=300,
                     available=64 * GIB, parameters=parameters)

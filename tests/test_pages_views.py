@@ -119,17 +119,17 @@ def test_the_loss_curve_prefers_the_full_history_and_falls_back_to_progress_even
 def test_the_timeline_follows_the_pipelines_stage_order():
     start = datetime(2026, 1, 1, tzinfo=timezone.utc)
     at = lambda seconds: start + timedelta(seconds=seconds)  # noqa: E731
-    init_only = {"terms": ["x"], "training": {"steps": 0}}  # no contexts to generate
-    running = views.timeline("running", init_only, [("load", at(0)), ("extend", at(5)), ("init", at(6)), ("train", at(7))], None, at(20))
+    terms = {"terms": ["x"], "training": {"steps": 0}}
+    events = [("load", at(0)), ("extend", at(5)), ("init", at(6)), ("generate", at(7)), ("train", at(7))]
+    running = views.timeline("running", terms, events, None, at(20))
     assert [(s.name, s.state) for s in running] == [
-        ("load", "done"), ("extend", "done"), ("init", "done"), ("train", "current"), ("evaluate", "pending"), ("publish", "pending"),
+        ("load", "done"), ("extend", "done"), ("init", "done"), ("generate", "done"), ("train", "current"),
+        ("select", "pending"), ("evaluate", "pending"), ("publish", "pending"),
     ]
-    assert running[0].seconds == 5 and running[3].seconds == 13
-    # steps unset: the worker's device's default, never 0, so the base model writes contexts first
-    trains = views.timeline("queued", {"terms": ["x"], "training": {"steps": None}}, [], None, at(0))
-    assert "generate" in [s.name for s in trains]
+    assert running[0].seconds == 5 and running[4].seconds == 13
+    # a corpus without terms: mining extends the tokenizer, so "mine" stands where "extend" would
     mining = views.timeline("failed", {"corpus_file_id": "file_1"}, [("load", at(0)), ("mine", at(3))], at(9), at(30))
-    assert [(s.name, s.state) for s in mining][:3] == [("load", "done"), ("mine", "stopped"), ("extend", "pending")]
+    assert [(s.name, s.state) for s in mining][:3] == [("load", "done"), ("mine", "stopped"), ("init", "pending")]
     assert mining[1].seconds == 6
 
 

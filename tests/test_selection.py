@@ -21,7 +21,7 @@ from extension.selection import ValidationPlan, build_validation, keep_optimizer
 from extension.selection.plan import MIN_EVAL_TOKENS, STEP_COST_IN_SCORED_TOKENS, VALIDATION_SHARE
 from extension.selection.scoring import ChunkScore, TextScore
 from extension.selection.terms import (
-    Unit, _UnitEffect, built_on_units, carry_rows, choose_removals, measure_terms, merges_rebuilder, term_units, terms_rebuilder, token_units,
+    Unit, UnitEffect, built_on_units, carry_rows, choose_removals, measure_terms, merges_rebuilder, term_units, terms_rebuilder, token_units,
 )
 from extension.evaluation import document_cap
 from extension.selection.validation import chunks_within
@@ -310,7 +310,7 @@ def _init_rows(model, extension: dict) -> torch.Tensor:
     extended = SimpleNamespace(new_tokens=[NewToken(**t) for t in extension["new_tokens"]], merges=[tuple(m) for m in extension["merges"]],
                                base_vocab_size=extension["base_vocab_size"])
     tokenizer = AutoTokenizer.from_pretrained(model.name_or_path)
-    return RowInitializer(model, tokenizer, extension["init"]["method"])(model, extended).input
+    return RowInitializer(model, tokenizer, extension["init"].get("starts_from", extension["init"]["method"]))(model, extended).input
 
 
 def test_training_that_hurts_publishes_the_init_and_reports_it(cli_env, tmp_path, smollm2):
@@ -399,9 +399,9 @@ def test_a_harmful_intermediate_goes_with_what_is_built_on_it_only_when_together
     rebuild, units, intermediate, built, unrelated = nested_merges
 
     def effects(built_bits: float, unrelated_bits: float = -1.0, unrelated_uses: int = 2) -> dict:
-        return {intermediate.name: _UnitEffect(occurrences=3, net_bits=10.0, leak_bits=0.0),
-                built.name: _UnitEffect(occurrences=5, net_bits=built_bits, leak_bits=0.0),
-                unrelated.name: _UnitEffect(occurrences=unrelated_uses, net_bits=unrelated_bits, leak_bits=unrelated_bits)}
+        return {intermediate.name: UnitEffect(occurrences=3, net_bits=10.0, leak_bits=0.0),
+                built.name: UnitEffect(occurrences=5, net_bits=built_bits, leak_bits=0.0),
+                unrelated.name: UnitEffect(occurrences=unrelated_uses, net_bits=unrelated_bits, leak_bits=unrelated_bits)}
 
     # the word built on the harmful piece saves 50 bits, more than the piece costs: both stay, and
     # since nothing harmful can go, the less useful half of the rest goes instead
@@ -446,26 +446,23 @@ def test_a_job_cancelled_during_term_selection_is_cancelled_not_failed(tiny_mode
     corpus = tmp_path / "foldoc.txt"
     corpus.write_text("\n\n".join(documents), encoding="utf-8")
     stages, events, asked = [], [], []
-    trained = {"done": False}
-
-    def on_progress(step, total, metrics):
-        if stages[-1] == "train" and "loss" in metrics and step >= total:
-            trained["done"] = True  # from here on, only the selection rounds ask whether to stop
 
     def should_cancel():
-        asked.append(trained["done"])
-        return trained["done"]
+        # yes once the select stage has begun: only its rounds ask then (the check before each
+        # stage comes before the stage is announced)
+        asked.append(stages[-1] == "select" if stages else False)
+        return asked[-1]
 
     spec = ExtendSpec(base_model=str(tiny_model_dir), out_dir=tmp_path / "out", corpus_path=corpus, max_new_tokens=16,
                       steps=2, batch_size=2, seq_len=64, warmup_steps=0, eval_max_bytes=4000, device="cpu")
-    callbacks = Callbacks(on_stage=stages.append, on_progress=on_progress, should_cancel=should_cancel,
+    callbacks = Callbacks(on_stage=stages.append, should_cancel=should_cancel,
                           on_event=lambda kind, payload: events.append((kind, payload)), work_dir=tmp_path / "work")
     with pytest.raises(JobCancelled) as stopped:
         pipeline.run(spec, callbacks, ModelSources(cache_dir=tmp_path / "cache"))
     # stopped inside the rounds, not at the next stage's check (the selection event comes after them)
     assert "selection" not in [kind for kind, _ in events], [p for kind, p in events if kind == "selection"]
     assert "during term selection" in str(stopped.value)
-    assert stages[-1] == "train" and asked[-1] is True
+    assert stages[-1] == "select" and asked[-1] is True
     assert not (tmp_path / "out").exists()
 
 
@@ -475,9 +472,9 @@ def test_a_harmful_unit_whose_removal_would_leave_an_intermediate_in_its_place_s
     tokens), the round leaves it while it has other harmful units to remove."""
     rebuild, units, intermediate, built, unrelated = nested_merges
     current = rebuild(units)
-    effects = {intermediate.name: _UnitEffect(occurrences=3, net_bits=-5.0, leak_bits=0.0),
-               built.name: _UnitEffect(occurrences=5, net_bits=4.0, leak_bits=0.0),
-               unrelated.name: _UnitEffect(occurrences=2, net_bits=3.0, leak_bits=0.0)}
+    effects = {intermediate.name: UnitEffect(occurrences=3, net_bits=-5.0, leak_bits=0.0),
+               built.name: UnitEffect(occurrences=5, net_bits=4.0, leak_bits=0.0),
+               unrelated.name: UnitEffect(occurrences=2, net_bits=3.0, leak_bits=0.0)}
     # without the rebuilt tokenizer's check, both harmful units go
     _, kept, gone = choose_removals(units, effects, rebuild)
     assert set(gone) == {built.name, unrelated.name} and kept == [intermediate]
@@ -485,6 +482,6 @@ def test_a_harmful_unit_whose_removal_would_leave_an_intermediate_in_its_place_s
     _, kept, gone = choose_removals(units, effects, rebuild, current=current)
     assert set(gone) == {unrelated.name} and kept == [intermediate, built]
     # when it is the only harmful unit, it goes all the same
-    alone = {**effects, unrelated.name: _UnitEffect(occurrences=2, net_bits=-3.0, leak_bits=0.0)}
+    alone = {**effects, unrelated.name: UnitEffect(occurrences=2, net_bits=-3.0, leak_bits=0.0)}
     _, kept, gone = choose_removals(units, alone, rebuild, current=current)
     assert set(gone) == {built.name}

@@ -241,7 +241,7 @@ def _run_claimed(sessions, claim: Claim, settings: Settings, heartbeat: Heartbea
         job_state.finish_owned(sessions, claim, "cancelled")
         return "cancelled"
     except TideError as exc:
-        if _disk_full(exc, settings, claim.job_id, by_free_space=False):  # bad input on a full disk is still bad input
+        if disk_full(exc, settings, claim.job_id, by_free_space=False):  # bad input on a full disk is still bad input
             _fail_disk_full(sessions, claim, settings, exc)
             return "failed"
         log.info("job %s failed: %s: %s", claim.job_id, exc.code, exc.message)
@@ -265,7 +265,7 @@ def _run_claimed(sessions, claim: Claim, settings: Settings, heartbeat: Heartbea
             return "failed"
         if not isinstance(exc, Exception):
             raise  # KeyboardInterrupt / SystemExit: the worker is going down, the lease will expire
-        if _disk_full(exc, settings, claim.job_id):
+        if disk_full(exc, settings, claim.job_id):
             _fail_disk_full(sessions, claim, settings, exc)
             return "failed"
         log.exception("job %s failed unexpectedly", claim.job_id)
@@ -282,7 +282,7 @@ _DISK_FULL_TEXTS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT))  # saf
 _NEARLY_FULL_BYTES = 1024 * 1024  # or 1% of a smaller disk
 
 
-def _disk_full(exc: BaseException, settings: Settings, job_id: str, *, by_free_space: bool = True) -> bool:
+def disk_full(exc: BaseException, settings: Settings, job_id: str, *, by_free_space: bool = True) -> bool:
     """Did this job fail because its disk filled up? The OS says ENOSPC; libraries wrap it (safetensors
     in words, torch.save as "unexpected pos"), so a disk left all but full when the job failed counts
     too (checked before the job's partial files are removed)."""

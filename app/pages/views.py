@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from extension.publishing.decisions import decision_sentences
-from extension.plan.spec import STAGES
+from extension.plan.spec import planned_stages
 
 # The fields that say what a job works on; the form lays these out by hand (paste or upload).
 # Every other field of the request schema is an option and is rendered from the schema.
@@ -230,10 +230,7 @@ class StageStep:
 
 def timeline(status: str, request: dict, stage_events: list[tuple[str, datetime]], finished_at: datetime | None, now: datetime) -> list[StageStep]:
     """Every stage this job goes through, in order, with its start time and duration so far."""
-    mines = bool(request.get("corpus_file_id")) and not request.get("terms")
-    # a terms-only job that trains first has the base model write contexts for its terms
-    generates = not request.get("corpus_file_id") and (request.get("training") or {}).get("steps") != 0  # unset: the device's default, never 0
-    planned = [stage for stage in STAGES if (stage != "mine" or mines) and (stage != "generate" or generates)]
+    planned = planned_stages(request)
     seen: dict[str, datetime] = {}
     for name, moment in stage_events:
         seen.setdefault(name, moment)

@@ -99,7 +99,7 @@ COMPARED = (
     ("domain", "tokens_per_byte"),
     ("general", "bits_per_byte"),
     ("general", "tokens_per_byte"),
-    # terms-only jobs: the held-out contexts the base model wrote (extension.pipeline._held_out_contexts)
+    # terms-only jobs: the held-out contexts the base model wrote (evaluation.stage._held_out_contexts)
     ("held_out_contexts", "bits_per_byte"),
     ("held_out_contexts", "tokens_per_byte"),
 )

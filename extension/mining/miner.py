@@ -72,7 +72,7 @@ def check_mining_options(max_new_tokens: int, min_frequency: int, mining_unit: s
     BY_NAME["mining_unit"].check(mining_unit)
 
 
-def _count_words(
+def count_words(
     view: TokenizerView,
     documents: Iterable[str],
     filters: MiningFilters,
@@ -147,7 +147,7 @@ def _mine(
     seconds: dict[str, float] = {}
 
     started = time.perf_counter()
-    counts, stats = _count_words(view, documents(), filters, should_cancel)
+    counts, stats = count_words(view, documents(), filters, should_cancel)
     if stats["documents"] == 0:
         raise InvalidCorpusError(
             "the corpus is empty (no non-blank text); give UTF-8 text with documents separated by "

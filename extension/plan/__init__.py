@@ -23,8 +23,8 @@ _EXPORTS = {
     "memory": ("MemoryPlan", "InsufficientMemoryError"),
     "models": ("BUILTIN_MODELS", "ModelSources", "ResolvedModel", "resolve_model", "load_model", "load_tokenizer",
                "load_config", "builtin_tokenizer_dir"),
-    "corpus": ("iter_documents", "split_documents", "train_documents", "check_corpus"),
-    "job": ("JobPlan", "plan_inputs", "plan_model", "validate_spec", "corpus_label"),
+    "corpus": ("iter_documents", "split_documents", "train_documents", "check_corpus", "corpus_label"),
+    "job": ("JobPlan", "plan_inputs", "plan_model", "validate_spec"),
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)

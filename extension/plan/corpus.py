@@ -195,3 +195,8 @@ def check_corpus(path: Path, **kwargs) -> tuple[int, int]:
             param="corpus",
         )
     return count, size
+
+
+def corpus_label(spec) -> str:
+    """How messages name a job's corpus: the name its owner gave it, never the file's own name."""
+    return f"corpus {spec.corpus_name!r}" if spec.corpus_name else "the corpus"

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from . import corpus as corpus_io
+from .spec import mines_corpus
 from .devices import Placement, check_device_map, checkpoint_dtype, eval_batch_tokens_for, resolve_placement
 from ..errors import InvalidOptionError
 from .memory import MemoryPlan, check_plan, plan_for_spec
@@ -47,7 +48,12 @@ class JobPlan:
         return self.resolved.path if self.resolved.kind != "hub" else None
 
     def corpus_label(self) -> str:
-        return corpus_label(self.spec)
+        return corpus_io.corpus_label(self.spec)
+
+    @property
+    def mines_corpus(self) -> bool:
+        """A corpus and no terms: the job mines its terms (stage "mine" instead of "extend")."""
+        return mines_corpus(self.spec)
 
 
 def validate_spec(spec) -> None:
@@ -55,10 +61,6 @@ def validate_spec(spec) -> None:
     if not spec.terms and spec.corpus_path is None:
         raise InvalidOptionError("give terms, a corpus, or both", param="terms")
     check_options(spec)
-
-
-def corpus_label(spec) -> str:
-    return f"corpus {spec.corpus_name!r}" if spec.corpus_name else "the corpus"
 
 
 def plan_inputs(spec) -> JobPlan:
@@ -70,7 +72,7 @@ def plan_inputs(spec) -> JobPlan:
     check_output_dir(spec.out_dir, force=spec.force)
     documents = 0
     if spec.corpus_path is not None:
-        documents, _ = corpus_io.check_corpus(spec.corpus_path, text_field=spec.corpus_text_field, label=corpus_label(spec))
+        documents, _ = corpus_io.check_corpus(spec.corpus_path, text_field=spec.corpus_text_field, label=corpus_io.corpus_label(spec))
     return JobPlan(spec=spec, placement=placement, device_defaults=device_defaults, corpus_documents=documents)
 
 

@@ -161,7 +161,7 @@ def plan_job(config, *, placement: Placement, dtype: torch.dtype, batch_size: in
     parts["evaluation"] = evaluation
     resize = (vocab + new_rows + 64) * hidden * element * (1 if tied else 2)
     if placement.device.type == "cpu" and stored_dtype is not None and stored_dtype != dtype:
-        stored = _element_size(stored_dtype)  # pipeline._publishable: the checkpoint's copy, resized
+        stored = _element_size(stored_dtype)  # publishing.stage._publishable: the checkpoint's copy, resized
         resize = parameters * stored + (vocab + new_rows + 64) * hidden * stored * (1 if tied else 2)
         notes.append(f"publishing loads the checkpoint's {str(stored_dtype).removeprefix('torch.')} weights beside "
                      f"the {str(dtype).removeprefix('torch.')} ones the job computes in")

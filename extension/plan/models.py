@@ -80,7 +80,7 @@ def _package_dir(package: str) -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _builtin_gguf(model: BuiltinModel, cache_dir: Path) -> Path:
+def builtin_gguf(model: BuiltinModel, cache_dir: Path) -> Path:
     package_dir = _package_dir(model.package)
     if package_dir is None:
         raise ModelNotFoundError(
@@ -110,7 +110,7 @@ def _convert_builtin(model: BuiltinModel, cache_dir: Path) -> Path:
     with FileLock(str(target) + ".lock"):
         if (target / "config.json").exists():
             return target
-        gguf_path = _builtin_gguf(model, cache_dir)
+        gguf_path = builtin_gguf(model, cache_dir)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
@@ -140,7 +140,7 @@ def builtin_tokenizer_dir(name: str, cache_dir: Path, *, build: bool = True) -> 
     with FileLock(str(target) + ".lock"):
         if (target / "tokenizer.json").exists():
             return target
-        gguf_path = _builtin_gguf(BUILTIN_MODELS[name], cache_dir)
+        gguf_path = builtin_gguf(BUILTIN_MODELS[name], cache_dir)
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)

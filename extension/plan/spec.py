@@ -8,10 +8,23 @@ from typing import Any, Callable
 
 from .options import OPTIONS
 
-# The stages run() goes through, in order ("mine" only for corpus jobs without terms, "generate"
-# only for terms-only jobs that train). Here, not in pipeline.py, so the service can show a job's
-# timeline without importing torch.
-STAGES = ("load", "mine", "extend", "init", "generate", "train", "evaluate", "publish")
+# The stages run() goes through, in order: "mine" for a corpus job without terms (mining extends
+# the tokenizer), "extend" for every other job. Here, not in pipeline.py, so the service can show
+# a job's timeline without importing torch.
+STAGES = ("load", "mine", "extend", "init", "generate", "train", "select", "evaluate", "publish")
+
+
+def mines_corpus(spec_or_request) -> bool:
+    """Whether a job (an ExtendSpec, or the API's request as a dict) mines its terms from its corpus."""
+    if isinstance(spec_or_request, dict):
+        return bool(spec_or_request.get("corpus_file_id")) and not spec_or_request.get("terms")
+    return spec_or_request.corpus_path is not None and not spec_or_request.terms
+
+
+def planned_stages(spec_or_request) -> list[str]:
+    """The stages a job goes through, in order."""
+    skipped = "extend" if mines_corpus(spec_or_request) else "mine"
+    return [stage for stage in STAGES if stage != skipped]
 
 
 def _to_json(self) -> dict[str, Any]:

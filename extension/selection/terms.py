@@ -168,7 +168,7 @@ def _scores(score, judged, margin: float, base_decide, base_judge, validation: V
             "base_tokens_per_byte": validation.base.tokens / validation.base.bytes}
 
 
-def choose_removals(units: list[Unit], effects: dict[str, "_UnitEffect"], rebuild: Callable[[list[Unit]], object],
+def choose_removals(units: list[Unit], effects: dict[str, "UnitEffect"], rebuild: Callable[[list[Unit]], object],
                     *, current=None) -> tuple[object | None, list[Unit], dict[str, str]]:
     """Which units a round removes: (the tokenizer rebuilt without them, the units kept, {name:
     reason} of those removed). The first of these that removes anything:
@@ -295,7 +295,7 @@ def _score(model, extended, rows: NewRows, validation: ValidationSet, pad_to_mul
 
 
 @dataclass
-class _UnitEffect:
+class UnitEffect:
     occurrences: int
     net_bits: float  # attributed + its share of the unexplained change
     leak_bits: float
@@ -306,21 +306,21 @@ class _UnitEffect:
                 "unexplained_bits": round(self.unexplained_bits, 3)}
 
 
-def _unit_effects(units: list[Unit], extended, effects: list[TokenEffect], unexplained_per_use: float = 0.0) -> dict[str, _UnitEffect]:
+def _unit_effects(units: list[Unit], extended, effects: list[TokenEffect], unexplained_per_use: float = 0.0) -> dict[str, UnitEffect]:
     by_token = {token.token: effects[k] for k, token in enumerate(extended.new_tokens)}
     result = {}
     for unit in units:
         mine = [by_token[t] for t in unit.tokens if t in by_token]
         uses = sum(e.occurrences for e in mine)
         share = unexplained_per_use * uses
-        result[unit.name] = _UnitEffect(
+        result[unit.name] = UnitEffect(
             occurrences=uses, net_bits=sum(e.net_bits for e in mine) + share,
             leak_bits=sum(e.leak_bits for e in mine), unexplained_bits=share,
         )
     return result
 
 
-def _reason(effect: _UnitEffect) -> str:
+def _reason(effect: UnitEffect) -> str:
     if effect.net_bits > 0 and effect.occurrences:
         share = f", {effect.unexplained_bits:.1f} of them its share of the change no single token explains" if effect.unexplained_bits else ""
         return f"costs {effect.net_bits:.1f} bits more than it saves over its {effect.occurrences} uses in the validation text{share}"
@@ -330,7 +330,7 @@ def _reason(effect: _UnitEffect) -> str:
             "model was still above the base model")
 
 
-def _effects_json(effects: dict[str, _UnitEffect]) -> dict[str, dict]:
+def _effects_json(effects: dict[str, UnitEffect]) -> dict[str, dict]:
     return {name: effect.to_json() for name, effect in effects.items()}
 
 

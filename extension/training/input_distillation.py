@@ -88,7 +88,7 @@ def contexts_of(objective, base_vocab_size: int, *, per_token: int, seed: int = 
     return contexts
 
 
-def _batch_loss(adapter: RowsAdapter, batch: list[list[int]], pieces: dict[int, list[int]], pad: int) -> torch.Tensor:
+def batch_loss(adapter: RowsAdapter, batch: list[list[int]], pieces: dict[int, list[int]], pad: int) -> torch.Tensor:
     """Mean squared distance between student and teacher final hidden states, per matched
     position, over the positions from each context's first new token on."""
     device = adapter.input_rows.device
@@ -141,7 +141,7 @@ def distill_input_rows(adapter: RowsAdapter, contexts: list[list[int]], pieces: 
                     from ..errors import JobCancelled
 
                     raise JobCancelled("cancelled while distilling the new input rows")
-                loss = _batch_loss(adapter, [contexts[i] for i in order[start:start + batch_contexts]], pieces, pad)
+                loss = batch_loss(adapter, [contexts[i] for i in order[start:start + batch_contexts]], pieces, pad)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()

@@ -44,18 +44,18 @@ def test_a_checkpoint_that_hits_a_full_disk_is_recognised_though_torch_does_not_
     full. A real torch.save on a real 8 kB tmpfs, and the same error text on a roomy disk."""
     import torch
 
-    from worker.runner import _disk_full
+    from worker.runner import disk_full
 
     settings = fault_settings.model_copy(update={"work_dir": tiny_disk})
     (tiny_disk / "job_x").mkdir()
     with pytest.raises(RuntimeError) as raised:
         torch.save({"rows": torch.zeros(10_000)}, tiny_disk / "job_x" / "rows_checkpoint.pt")
     assert "No space" not in str(raised.value) and getattr(raised.value, "errno", None) is None
-    assert _disk_full(raised.value, settings, "job_x")
+    assert disk_full(raised.value, settings, "job_x")
     roomy = fault_settings.model_copy(update={"work_dir": fault_settings.data_dir / "work"})
     (roomy.work_dir / "job_x").mkdir(parents=True)
-    assert not _disk_full(raised.value, roomy, "job_x")
-    assert not _disk_full(raised.value, settings, "job_x", by_free_space=False)  # a failing request is judged by its error alone
+    assert not disk_full(raised.value, roomy, "job_x")
+    assert not disk_full(raised.value, settings, "job_x", by_free_space=False)  # a failing request is judged by its error alone
 
 
 def _download_in_two_ranges(service, job: dict) -> bytes:

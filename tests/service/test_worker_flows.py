@@ -91,7 +91,7 @@ def test_terms_job_end_to_end(client, auth, worker, tmp_path, service_settings):
     assert done["progress"] == {"step": 4, "total": 4, "percent": 100.0}
     assert done["attempt"] == 1 and done["metrics"] and done["error"] is None
     stages = [e["payload"]["stage"] for e in _events(client, auth, job["id"]) if e["kind"] == "stage"]
-    assert stages == ["load", "extend", "init", "generate", "train", "evaluate", "publish"]
+    assert stages == ["load", "extend", "init", "generate", "train", "select", "evaluate", "publish"]
     root = _unpack_and_verify(client, auth, done, tmp_path)
     _assert_terms_are_single_tokens(root, TERMS)
     # the work folder (checkpoints) is gone once the job is done; DELETE removes the artifacts

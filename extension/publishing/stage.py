@@ -1,0 +1,105 @@
+"""The publish stage of a job: the checkpoint, adapter, tokenizer, card and manifest, and the
+result the CLI prints and the worker records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..plan import devices as job_devices
+from ..plan.models import load_model
+from ..rows.init import apply_rows
+from .card import model_card
+from .decisions import decision_sentences
+from .folder import publish
+
+
+@dataclass
+class PipelineResult:
+    out_dir: Path
+    metrics: dict
+    manifest: list[dict]
+    extension: dict
+    mined_terms: list[dict] | None = None
+    seconds: dict = field(default_factory=dict)
+
+    def summary(self) -> str:
+        counts = self.extension.get("counts", {})
+        lines = [
+            f"Extended model written to {self.out_dir}",
+            f"  terms added: {counts.get('terms_added', '?')}, new vocabulary entries: "
+            f"{counts.get('new_vocab_entries', '?')}, skipped: {counts.get('skipped', 0)}",
+        ]
+        for key, row in self.metrics.get("comparison", {}).items():
+            if "before" in row:
+                lines.append(f"  {key}: {row['before']:.4f} -> {row['after']:.4f}")
+        lines += [f"  {sentence}" for sentence in decision_sentences(self.metrics, style="cli")]
+        lines.append("  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()))
+        return "\n".join(lines)
+
+
+def publish_job(plan, model, sources, *, chosen, trained, start, mined, metrics: dict, layout: dict,
+                checkpoint) -> PipelineResult:
+    """Write the job's folder. The published weights are in the base checkpoint's dtype with the
+    old rows bit-identical to its files: the job's model when it holds exactly those (a CPU job),
+    else the checkpoint loaded again on the CPU with the same rows written in (a bf16 job of an
+    fp32 checkpoint, or a model spread with weights offloaded). `checkpoint` is the base's
+    Trainer checkpoint (training.optimizer_state.TrainerCheckpoint) or None."""
+    spec, extended = plan.spec, chosen.extended
+    model = _publishable(model, plan, sources, chosen.rows, extended.base_vocab_size)
+    metrics["devices"]["publish"] = job_devices.describe(model)
+    steps_done = trained.result.steps_done if trained.result else 0
+    init = {**start.report, **({"distillation": trained.distillation} if trained.distillation is not None else {})}
+    extension = {
+        "base_model": {"name": spec.base_model, "source": plan.resolved.kind},
+        # corpus_path is where the file lay on the machine that ran the job: corpus_name says which corpus it was
+        "spec": {k: v for k, v in spec.to_json().items() if k not in {"terms", "out_dir", "force", "corpus_path"}},
+        # the options the job left to its device, and what that device made them
+        "device_defaults": {"device": plan.placement.defaults_kind, "options": plan.device_defaults},
+        "init": init,
+        "trained_steps": steps_done,
+        "training": {k: v for k, v in metrics["training"].items() if k != "history"},
+        "published_step": chosen.report.get("best_step", steps_done),
+        "vocab": {k: layout[k] for k in ("base_vocab_size", "vocab_size", "tied")},
+        "padding_ids": layout["padding_ids"],
+        **extended.to_json(),
+        "selection": chosen.report,
+    }
+    if mined is not None:
+        extension["mining"] = mined.to_json()
+    write_extra = None
+    if checkpoint is not None:
+        optimizer_state, carried = checkpoint.extend(model, base_vocab_size=extended.base_vocab_size,
+                                                     adapter_optimizer_state=chosen.optimizer_state)
+        carried["files"] = checkpoint.write_list()
+        extension["trainer_checkpoint"] = carried
+        write_extra = lambda staging: checkpoint.write(staging, optimizer_state)  # noqa: E731
+    history = metrics["training"]["history"]
+    manifest = publish(
+        spec.out_dir, model=model, tokenizer=extended.tokenizer, extension=extension, metrics=metrics,
+        model_card=model_card(spec, extension, metrics, history), history=history,
+        adapter_token_ids=list(range(extended.base_vocab_size, layout["vocab_size"])),
+        adapter_target_module=embedding_module_name(model), write_extra=write_extra, force=spec.force,
+        max_shard_bytes=plan.max_shard_bytes,
+    )
+    return PipelineResult(out_dir=Path(spec.out_dir), metrics=metrics, manifest=manifest, extension=extension,
+                          mined_terms=list(extension["mining"].get("terms", [])) if mined else None)
+
+
+def _publishable(model, plan, sources, rows, base_vocab_size: int):
+    """The model to publish: `model` when its weights are the checkpoint's own (same dtype, none
+    offloaded), else the checkpoint loaded on the CPU in its dtype with `rows` applied."""
+    if model.get_input_embeddings().weight.dtype == plan.stored_dtype and not job_devices.offloaded(model):
+        return model
+    job_devices.release_cached_memory(job_devices.model_device(model))
+    copy = load_model(plan.resolved, sources).eval()  # CPU, dtype "auto": the checkpoint's own
+    apply_rows(copy, rows, base_vocab_size=base_vocab_size, pad_to_multiple_of=plan.spec.pad_to_multiple_of)
+    return copy
+
+
+def embedding_module_name(model) -> str:
+    embedding = model.get_input_embeddings()
+    for name, module in model.named_modules():
+        if module is embedding:
+            return name.rsplit(".", 1)[-1]
+    return "embed_tokens"
