@@ -91,8 +91,32 @@ def test_a_terms_only_job_worse_than_the_base_on_its_held_out_contexts_says_so()
     assert "the extended model is WORSE than the base model: 1.2600 bits per byte against the base model's 1.2000 (+5.00%)" in sentence
     assert "`--corpus FILE`" in sentence and "corpus_file_id" in held_out_sentence(worse, style="api")
     better = {"comparison": {"held_out_contexts_bits_per_byte": {"before": 1.20, "after": 1.14}}}
-    assert "at or below the base model: 1.1400 bits per byte against the base model's 1.2000 (-5.00%)" in held_out_sentence(better)
+    assert "1.1400 bits per byte against the base model's 1.2000 (-5.00%)" in held_out_sentence(better)
     assert held_out_sentence({"comparison": {"domain_bits_per_byte": {"before": 1.2, "after": 1.3}}}) is None
+
+
+def test_the_held_out_verdict_names_its_evidence_and_never_vouches_for_the_users_text():
+    """Issue 39 item 4: the held-out contexts are text the base model wrote, not the user's. The
+    verdict says so, does not call the model at or below the base on that alone, and says how to
+    have it judged on the user's own text — in the summary, the job page and the card alike."""
+    from app.pages.views import verdict
+
+    judged = {"comparison": {"held_out_contexts_bits_per_byte": {"before": 1.20, "after": 1.14}},
+              "selection": {"mode": "validation", "judging": {"source": "held-out generated contexts, judging part"}}}
+    evidence = "On held-out contexts the base model wrote for your terms, not your text (kept out of training and of every decision)"
+    for sentence in (held_out_sentence(judged), held_out_sentence({**judged, "comparison": {
+            "held_out_contexts_bits_per_byte": {"before": 1.20, "after": 1.26}}})):
+        assert sentence.startswith(evidence) and "`--corpus FILE`" in sentence
+    better = held_out_sentence(judged)
+    assert "at or below the base model on text the base model wrote only" in better
+    assert "it does not show the model is as good as the base model on your own text" in better
+    assert "the extended model is at or below the base model:" not in better
+    assert "corpus_file_id" in held_out_sentence(judged, style="api")
+    assert held_out_sentence(judged, style="api") in verdict(judged)
+    assert held_out_sentence(judged, style="both") in " ".join(_card(judged).split())
+    # metrics from before the judging part: measured on the contexts that chose the step, and said so
+    old = held_out_sentence({"comparison": judged["comparison"]})
+    assert "the same ones that chose the training step, so the figure is optimistic" in old
 
 
 def test_kept_tokens_that_cost_bits_are_counted():

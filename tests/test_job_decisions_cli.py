@@ -60,16 +60,77 @@ def test_a_terms_only_job_is_compared_with_the_base_model_on_its_held_out_contex
     terms = tmp_path / "terms.txt"
     terms.write_text("compiler\ninterrupt\nmultiprogramming\n")
     stdout, metrics, card = _extend(capsys, tiny_model_dir, tmp_path / "out", "--terms", str(terms), "--steps", "4")
-    validation = metrics["selection"]["validation"]
-    assert validation["source"] == "held-out generated contexts"
+    assert metrics["selection"]["validation"]["source"] == "held-out generated contexts"  # chose the step
+    judged = metrics["selection"]["judging"]  # decided nothing: what the job reports on
+    assert judged["source"] == "held-out generated contexts, judging part"
     before, after = metrics["before"]["held_out_contexts"], metrics["after"]["held_out_contexts"]
     # the base model on the base tokenizer's ids, the published rows on the extended one's: same text, in bits per byte
-    assert before["bits_per_byte"] == validation["base_bits_per_byte"] and before["bytes"] == after["bytes"] == validation["bytes"]
+    assert before["bits_per_byte"] == judged["base_bits_per_byte"] and before["bytes"] == after["bytes"] == judged["bytes"]
     assert after["tokens_per_byte"] < before["tokens_per_byte"]
     row = metrics["comparison"]["held_out_contexts_bits_per_byte"]
     assert (row["before"], row["after"]) == (before["bits_per_byte"], after["bits_per_byte"])
     assert f"held_out_contexts_bits_per_byte: {row['before']:.4f} -> {row['after']:.4f}" in stdout
     assert "Held-out contexts bits per byte" in card
     worse = row["after"] > row["before"]
-    said = "the extended model is WORSE than the base model" if worse else "the extended model is at or below the base model"
-    assert said in _one_line(stdout) and said in _one_line(card)
+    said = ("the extended model is WORSE than the base model" if worse
+            else "at or below the base model on text the base model wrote only")
+    evidence = "On held-out contexts the base model wrote for your terms, not your text (kept out of training and of every decision)"
+    for text in (_one_line(stdout), _one_line(card)):
+        assert said in text and evidence in text
+    assert "`--corpus FILE`" in _one_line(stdout)
+
+
+def test_the_held_out_contexts_a_terms_only_job_reports_on_decided_nothing(tmp_path, tiny_model_dir, cli_cache, capsys,
+                                                                           monkeypatch):
+    """Issue 39 item 4: the before/after a terms-only job reports is measured on held-out contexts
+    that no decision saw. Recorded here: every chunk the step scorer read to choose the best step,
+    and every chunk the reported measurement (measure_terms) read; they share none, and the
+    reported figures are those of the judged chunks."""
+    import extension.selection.stage as selection_stage
+    from extension.selection import StepScorer
+
+    decided, judged = set(), []
+    score_step, measure = StepScorer.__call__, selection_stage.measure_terms
+
+    def scoring_a_step(self, adapter):
+        decided.update(self.validation.chunks[: self.validation.step_chunks])
+        return score_step(self, adapter)
+
+    def measuring(model, extended, rows, validation, **kwargs):
+        judged.extend(validation.chunks)
+        return measure(model, extended, rows, validation, **kwargs)
+
+    monkeypatch.setattr(StepScorer, "__call__", scoring_a_step)
+    monkeypatch.setattr(selection_stage, "measure_terms", measuring)
+    terms = tmp_path / "terms.txt"
+    terms.write_text("compiler\ninterrupt\nmultiprogramming\n")
+    stdout, metrics, card = _extend(capsys, tiny_model_dir, tmp_path / "out", "--terms", str(terms), "--steps", "4")
+    assert decided and judged, "the step scorer and the reported measurement both ran"
+    assert not decided & set(judged), "the reported before/after was measured on text that chose the best step"
+    reported = metrics["after"]["held_out_contexts"]
+    assert reported["bytes"] == sum(len(chunk.encode("utf-8")) for chunk in judged)
+    assert metrics["selection"]["best_step"] is not None
+
+
+def test_the_held_out_parts_are_the_same_when_a_job_resumes(tmp_path, tiny_model_dir):
+    """The contexts are cached in the work folder (CONTEXTS_FILE): a resumed job reads them back and
+    splits them alike, so the step is chosen and the result judged on the same, disjoint, texts."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from extension.tokenizer import extend_tokenizer
+    from extension.training import TrainConfig
+    from extension.training.term_contexts import CONTEXTS_FILE, terms_objective
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    extended = extend_tokenizer(AutoTokenizer.from_pretrained(tiny_model_dir), ["compiler", "interrupt", "multiprogramming"])
+    config = TrainConfig(steps=4, batch_size=2, seq_len=32)
+
+    def parts():
+        built = terms_objective(model, extended, config, max_new_tokens=8, work_dir=tmp_path / "work")
+        return built.fingerprint(), built.validation_texts, built.judging_texts
+
+    first = parts()
+    assert (tmp_path / "work" / CONTEXTS_FILE).exists()
+    _, deciding, judging = first
+    assert len(deciding) == len(judging) == 3 and not set(deciding) & set(judging)
+    assert parts() == first

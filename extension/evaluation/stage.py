@@ -66,16 +66,17 @@ def evaluate_job(plan, model, chosen, trained, callbacks: Callbacks, *, scores_d
 
 
 def _held_out_contexts(selection: dict) -> tuple[dict, dict] | None:
-    """(before, after) on a terms-only job's held-out contexts: the base model reading the base
-    tokenizer's ids and the published rows reading the extended tokenizer's, on the same text, in
-    bits per byte (never per token: the two tokenizers cut it differently). Both were scored by
-    selection already (the validation set and measure_terms): no text is scored twice. None for
-    corpus jobs (their test split is the domain text) and jobs without validation."""
-    validation = selection.get("validation") or {}
-    if validation.get("source") != "held-out generated contexts" or "bits_per_byte" not in selection:
+    """(before, after) on a terms-only job's judging held-out contexts (those no decision saw: the
+    best step was chosen on the other part): the base model reading the base tokenizer's ids and
+    the published rows reading the extended tokenizer's, on the same text, in bits per byte (never
+    per token: the two tokenizers cut it differently). Both were scored by selection already (the
+    judging set and measure_terms): no text is scored twice. None for corpus jobs (their test split
+    is the domain text) and jobs without validation."""
+    judged = selection.get("judging") or {}
+    if not judged or "bits_per_byte" not in selection:
         return None
-    size = {"bytes": validation["bytes"], "chunks": validation["chunks"]}
-    return ({"bits_per_byte": validation["base_bits_per_byte"], "tokens_per_byte": validation.get("base_tokens_per_byte"), **size},
+    size = {"bytes": judged["bytes"], "chunks": judged["chunks"]}
+    return ({"bits_per_byte": judged["base_bits_per_byte"], "tokens_per_byte": judged.get("base_tokens_per_byte"), **size},
             {"bits_per_byte": selection["bits_per_byte"], "tokens_per_byte": selection.get("tokens_per_byte"), **size})
 
 

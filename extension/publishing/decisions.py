@@ -150,15 +150,23 @@ def _keep_more(metrics: dict, *, style: str) -> str:
 
 
 def held_out_sentence(metrics: dict, *, style: str = "cli") -> str | None:
-    """A terms-only job against the base model on its held-out contexts, in bits per byte."""
+    """A terms-only job against the base model on its held-out contexts, in bits per byte, saying
+    what that text is: contexts the base model wrote for the terms, not the user's text. So a
+    figure at or below the base is never given as a verdict on the user's text."""
     row = (metrics.get("comparison") or {}).get("held_out_contexts_bits_per_byte")
     if not row or row.get("before") is None or row.get("after") is None:
         return None
     before, after = row["before"], row["after"]
     numbers = f"{after:.4f} bits per byte against the base model's {before:.4f} ({(after / before - 1):+.2%})"
-    where = "On the held-out contexts (text the base model wrote for your terms, kept out of training)"
+    # metrics written before the judging part existed were measured on the contexts that chose the step
+    apart = ("kept out of training and of every decision" if (metrics.get("selection") or {}).get("judging")
+             else "kept out of training, but the same ones that chose the training step, so the figure is optimistic")
+    where = f"On held-out contexts the base model wrote for your terms, not your text ({apart}),"
+    corpus = _CORPUS_WORDS[style]
     if after > before:
         return (f"{where} the extended model is WORSE than the base model: {numbers}. Its shorter text costs more "
-                f"bits than it saves there; give your own domain text ({_CORPUS_WORDS[style]}) to train and judge the "
+                f"bits than it saves there; give your own domain text ({corpus}) to train and judge the "
                 "terms on it, or train longer.")
-    return f"{where} the extended model is at or below the base model: {numbers}."
+    return (f"{where} the extended model scores {numbers}. That is at or below the base model on text the base model "
+            "wrote only: it does not show the model is as good as the base model on your own text; give your own "
+            f"domain text ({corpus}) to have it judged on that.")

@@ -1,7 +1,8 @@
 """The select stage of a job: what it publishes, decided on the validation text.
 
 Corpus jobs drop the terms that do not pay (terms.select_terms); terms-only jobs keep the user's
-terms and report each one's measured effect on its held-out contexts. Without validation text
+terms and report each one's measured effect on the judging part of their held-out contexts (the
+part that chose nothing: the other part chose the best step). Without validation text
 nothing is decided and everything trained is published (the report says why).
 """
 
@@ -32,17 +33,21 @@ def choose_terms(spec, model, tokenizer, extended, trained, texts, start, mined,
     report = {**texts.report, **trained.step_report}
     chosen = Chosen(extended, trained.rows, trained.optimizer_state, report)
     if texts.validation is not None:
-        _decide(spec, model, tokenizer, chosen, texts.validation, start.initializer, mined, callbacks)
+        _decide(spec, model, tokenizer, chosen, texts.validation, start.initializer, mined, callbacks,
+                judging=getattr(texts, "judging", None))
     callbacks.on_event("selection", {k: v for k, v in report.items() if k not in ("effects", "validation_curve")})
     return chosen
 
 
-def _decide(spec, model, tokenizer, chosen: Chosen, validation, initializer, mined, callbacks: Callbacks) -> None:
+def _decide(spec, model, tokenizer, chosen: Chosen, validation, initializer, mined, callbacks: Callbacks, *,
+            judging=None) -> None:
     extended = chosen.extended
     units = token_units(extended) if mined is not None else term_units(extended)
     if spec.corpus_path is None:
-        chosen.report.update(measure_terms(model, extended, chosen.rows, validation, units=units,
-                                           pad_to_multiple_of=spec.pad_to_multiple_of))
+        # measured on the judging contexts only: `validation` chose the step, so it would flatter the rows
+        if judging is not None:
+            chosen.report.update(measure_terms(model, extended, chosen.rows, judging, units=units,
+                                               pad_to_multiple_of=spec.pad_to_multiple_of))
         return
     rows = model.get_input_embeddings().weight.shape[0]
     rebuild = (merges_rebuilder(tokenizer, mined.merges, embedding_rows=rows) if mined is not None

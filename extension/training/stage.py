@@ -3,7 +3,9 @@ then the rows trained on it with the base frozen.
 
 generate: contexts the base model writes around each term (a terms-only job), or windows of the
 corpus's training split; and the validation text that picks the best step and, later, the terms
-(the corpus's validation split, or held-out generated contexts). Scored once by the plain base model.
+(the corpus's validation split, or held-out generated contexts). A terms-only job's held-out
+contexts come in two parts: one picks the step, the other (`judging`) decides nothing and is what
+the job reports on. Scored once by the plain base model.
 train: init 'distill' first distils the input rows on those texts (kept in the work folder so a
 resumed job does not distil again), then train_rows, keeping the best step on the validation text.
 """
@@ -32,6 +34,9 @@ class JobTexts:
     objective: Any | None  # what the rows train on (TokenWindows or TermContextObjective); None: no training
     validation: ValidationSet | None  # what decides the best step and the terms; None: nothing decides
     report: dict  # the selection report so far: its mode, and the validation text or why there is none
+    # terms-only: held-out contexts apart from `validation` that no decision sees; the job's
+    # reported before/after is measured on them (a corpus job reports on its test split instead)
+    judging: ValidationSet | None = None
 
 
 @dataclass
@@ -70,7 +75,13 @@ def write_texts(spec, model, tokenizer, extended, callbacks: Callbacks) -> JobTe
         if spec.corpus_path is not None or spec.steps > 0:
             callbacks.on_warning(f"no validation: {skipped}")
         return JobTexts(objective, None, {"mode": spec.selection, "skipped": skipped})
-    return JobTexts(objective, validation, {"mode": spec.selection, "validation": validation.report()})
+    report = {"mode": spec.selection, "validation": validation.report()}
+    judging_texts = list(getattr(objective, "judging_texts", [])) if spec.corpus_path is None else []
+    judging = build_validation(model, tokenizer, judging_texts, source="held-out generated contexts, judging part",
+                               min_bytes=1) if judging_texts else None
+    if judging is not None:
+        report["judging"] = judging.report()
+    return JobTexts(objective, validation, report, judging)
 
 
 def train_new_rows(spec, model, extended, start: StartRows, texts: JobTexts, callbacks: Callbacks) -> Trained:

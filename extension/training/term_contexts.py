@@ -150,7 +150,8 @@ class TermContextObjective:
                 self.contexts.append(expand(context.student[:keep], self.base_vocab_size, pieces))
         if not self.contexts:
             raise ValueError("no usable term contexts")
-        self.validation_texts: list[str] = []  # held-out contexts (terms_objective fills them in)
+        self.validation_texts: list[str] = []  # held-out contexts that choose the step (terms_objective fills them in)
+        self.judging_texts: list[str] = []  # held-out contexts no decision sees: what the job reports on
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         self.batch_size, self.seed, self.objective = batch_size, seed, objective
         self._fingerprint = hashlib.sha256(json.dumps([texts, objective, seq_len]).encode()).hexdigest()[:16]
@@ -249,17 +250,20 @@ def terms_objective(model, extended, config, *, objective: str = "distill", per_
     """The training data of a terms-only job (call before attaching the adapter).
 
     Generation is the slow part on a CPU, so no more contexts are sampled than the run can read
-    (steps x batch_size sequences), but every term gets at least one. With `hold_out`, one more
-    context per term is written and kept out of training (`objective.validation_texts`): every
-    term then has text of its own on which training is checked against the init."""
+    (steps x batch_size sequences), but every term gets at least one. With `hold_out`, two more
+    contexts per term are written and kept out of training: a deciding one (`objective.validation_texts`,
+    on which the best step is chosen) and a judging one (`objective.judging_texts`), which no
+    decision sees, so the before/after a job reports is not measured on the text that chose it."""
     terms = max(1, len(extended.terms))
     per_term = max(1, min(per_term, -(-config.steps * config.batch_size // terms)))
-    written = per_term + (1 if hold_out else 0)
+    written = per_term + (2 if hold_out else 0)
     texts = term_contexts(model, extended, per_term=written, max_new_tokens=max_new_tokens, seed=config.seed,
                           work_dir=work_dir, should_cancel=should_cancel, on_progress=on_progress)
-    # texts come term by term, `written` each: the last of each term's is held out
+    # texts come term by term, `written` each, in the cached order (a resumed job splits them
+    # alike): the first `per_term` train, the next decides, the last judges
     train = [text for index, text in enumerate(texts) if index % written < per_term]
     built = TermContextObjective(train, extended, batch_size=config.batch_size, seq_len=config.seq_len,
                                  seed=config.seed, objective=objective)
-    built.validation_texts = [text for index, text in enumerate(texts) if index % written >= per_term]
+    built.validation_texts = [text for index, text in enumerate(texts) if index % written == per_term]
+    built.judging_texts = [text for index, text in enumerate(texts) if index % written == per_term + 1]
     return built
