@@ -67,9 +67,12 @@ def write_texts(spec, model, tokenizer, extended, callbacks: Callbacks) -> JobTe
     # the step, never which terms stay); a corpus's validation text must be big enough to decide on.
     minimum = MIN_VALIDATION_BYTES if spec.corpus_path is not None else 1
     validation = build_validation(model, tokenizer, documents, source=source, min_bytes=minimum) if documents else None
+    if validation is None and objective is None and spec.corpus_path is None:
+        skipped = "no contexts were written (steps 0), so there is no held-out text to judge the terms on"
+        return JobTexts(objective, None, {"mode": spec.selection, "skipped": skipped})
     if validation is None:
         size = sum(len(d.encode("utf-8")) for d in documents)
-        skipped = (f"the {source} holds {size:,} bytes, under the {MIN_VALIDATION_BYTES:,} needed to decide on; "
+        skipped = (f"the {source} holds {size:,} bytes, under the {minimum:,} needed to decide on; "
                    "the last training step and every term are published" + (
                        " (give a larger corpus: about 5% of documents, chosen by hash, are validation)" if spec.corpus_path else ""))
         if spec.corpus_path is not None or spec.steps > 0:

@@ -115,7 +115,7 @@ def jobs(client, auth, worker, app, service_settings):
 
 
 def test_generation_reports_progress_in_the_job(client, auth, jobs):
-    contexts = TERM_COUNT * (4 + 1)  # four contexts per term to train on, one held out for validation
+    contexts = TERM_COUNT * (4 + 2)  # four contexts per term to train on, two held out: one decides the step, one judges
     seen = jobs["generation"]
     # A stage starts at 0 of 0 until its first count is written.
     counted = [(step, total) for step, total in seen if total]
