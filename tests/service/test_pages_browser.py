@@ -281,7 +281,7 @@ def test_a_job_submitted_in_the_form_is_watched_live_to_succeeded(browser, live_
 
     # stage timeline: every stage done
     stages = [li.text for li in browser.find_elements(By.CSS_SELECTOR, ".timeline li")]
-    assert [s.split()[1] for s in stages] == ["load", "extend", "init", "train", "evaluate", "publish"]
+    assert [s.split()[1] for s in stages] == ["load", "extend", "init", "generate", "train", "select", "evaluate", "publish"]
     assert all(s.startswith("✓") for s in stages), stages
     assert "24 of 24" in _text(browser, ".progress-line")
     # the loss curve: one point per step

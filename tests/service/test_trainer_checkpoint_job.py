@@ -44,7 +44,9 @@ def checkpoint_name(service_settings) -> str:
 
 
 def test_job_on_a_trainer_checkpoint_publishes_a_checkpoint_a_trainer_resumes(client, auth, worker, checkpoint_name, tmp_path):
-    body = {"base_model": checkpoint_name, "terms": ["multiprogramming", "hypertext"],
+    # selection "none": the last step is published, so the new rows carry their own AdamW moments
+    # (a step-0 best on the tiny model would publish the init rows, which have none)
+    body = {"base_model": checkpoint_name, "terms": ["multiprogramming", "hypertext"], "selection": "none",
             "training": {"steps": 2, "batch_size": 2, "seq_len": 32, "warmup_steps": 0}, "evaluation": {"max_bytes": 2000}}
     response = client.post("/extend", json=body, headers=auth)
     assert response.status_code == 202, response.text
