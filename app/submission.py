@@ -12,6 +12,7 @@ import os
 import uuid
 from collections import OrderedDict
 from pathlib import Path
+from typing import Callable
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -165,10 +166,11 @@ _DEFERRED_TERMS_CHECK = (
 
 def submit(
     db: Session, key: ApiKey, request: ExtendRequest, settings: Settings, idempotency_key: str | None,
-    tokenizers: BaseTokenizers | None = None,
+    tokenizers: BaseTokenizers | None = None, count_submit: Callable[[str], None] | None = None,
 ) -> tuple[Job, bool]:
     """Store a new queued job. Returns (job, created); created is False for an idempotent replay.
-    With `tokenizers`, terms that would add nothing to the base model are refused here."""
+    With `tokenizers`, terms that would add nothing to the base model are refused here;
+    `count_submit(key_id)` counts a valid new submit against the key's rate (429 beyond it)."""
     if idempotency_key is not None and not (1 <= len(idempotency_key) <= 255):
         raise ApiError(422, "invalid_request", "Idempotency-Key must be 1 to 255 characters", "Idempotency-Key")
     request_hash = _request_hash(request)
@@ -198,6 +200,8 @@ def submit(
     # Only a request valid in every other way counts against the key's limits: a 429 or 507 must
     # never stand in for a 422 that waiting would not cure.
     try:
+        if count_submit is not None:
+            count_submit(key.id)
         check_new_job(db, key, settings, inline.bytes if inline is not None else 0)  # holds the key's row until the commit
     except ApiError:
         if inline is not None:

@@ -17,7 +17,7 @@ from ..schemas import ErrorResponse, EventList, ExtendRequest, JobList, JobStatu
 from ..schemas import Event as EventOut
 from ..schemas import Job as JobOut
 from ..storage import job_artifacts_dir, job_work_dir, remove_tree
-from ..submission import existing_job, submit
+from ..submission import submit
 from ..views import job_view
 from . import AUTH_ERRORS, CONFLICT, INVALID, NOT_FOUND, STORAGE_FULL, TOO_MANY_JOBS
 
@@ -87,9 +87,8 @@ def extend(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key", description="Retrying with the same key returns the same job")] = None,
 ) -> JobOut:
     with sessions() as db:
-        if idempotency_key is None or existing_job(db, key, idempotency_key) is None:
-            request.app.state.submit_rate.check(key.id)  # a replay of a job already accepted is not counted
-        job, created = submit(db, key, body, settings, idempotency_key, tokenizers)
+        # counted once the request is valid and new: a replay is not a submit, and a 429 never stands in for a 422
+        job, created = submit(db, key, body, settings, idempotency_key, tokenizers, count_submit=request.app.state.submit_rate.check)
         if created:
             enqueue(db, queue, job)
         else:

@@ -64,6 +64,9 @@ def test_dead_messages_start_no_process_and_hold_up_no_live_job(service, redis_s
 def test_submits_beyond_the_per_minute_limit_get_429_with_retry_after(fault_settings, redis_server):
     settings = fault_settings.model_copy(update={"max_submits_per_minute_per_key": 3})
     with open_service(settings) as service:
+        for _ in range(4):  # invalid requests are refused as such and not counted: a 429 never stands in for a 422
+            invalid = service.client.post("/extend", json={**BODY, "terms": ["bad\u00a0term"]}, headers=service.auth)
+            assert invalid.status_code == 422, invalid.text
         first = service.client.post("/extend", json=BODY, headers={**service.auth, "Idempotency-Key": "one"})
         assert first.status_code == 202, first.text
         for _ in range(2):
