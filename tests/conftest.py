@@ -159,3 +159,20 @@ def cli_env(tmp_path_factory, smollm2_path):
     os.environ.clear()
     os.environ.update(old)
     get_settings.cache_clear()
+
+
+def random_rows(model, count: int, seed: int = 3):
+    """`count` random new rows for `model`: input rows, and for an untied model output rows (and
+    biases where its head has a bias). For tests of the adapter and its logits."""
+    import torch
+
+    from extension.rows.init import NewRows, is_tied
+
+    g = torch.Generator().manual_seed(seed)
+    d = model.get_input_embeddings().weight.shape[1]
+    rows = NewRows(input=torch.randn(count, d, generator=g) * 0.5)
+    if not is_tied(model):
+        rows.output = torch.randn(count, d, generator=g) * 0.5
+        if getattr(model.get_output_embeddings(), "bias", None) is not None:
+            rows.output_bias = torch.randn(count, generator=g)
+    return rows

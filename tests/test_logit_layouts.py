@@ -13,10 +13,12 @@ import torch.nn.functional as F
 
 from extension.errors import UnsupportedModelError
 from extension.rows.adapter import attach
-from extension.rows.init import NewRows, is_tied
+from extension.rows.init import NewRows
 from extension.rows.logits import LogitTransform, head_mismatch
+from tests.conftest import random_rows
 
 BASE_VOCAB = 240
+
 NEW = 9
 
 
@@ -48,12 +50,7 @@ MODELS = {"granite": granite, "cohere": cohere, "gemma2": gemma2}
 
 
 def _rows(model, seed=3) -> NewRows:
-    g = torch.Generator().manual_seed(seed)
-    d = model.get_input_embeddings().weight.shape[1]
-    rows = NewRows(input=torch.randn(NEW, d, generator=g) * 0.5)
-    if not is_tied(model):
-        rows.output = torch.randn(NEW, d, generator=g) * 0.5
-    return rows
+    return random_rows(model, NEW, seed)
 
 
 def _ids(seed=4, shape=(2, 16)) -> torch.Tensor:

@@ -17,7 +17,7 @@ from torch.utils._pytree import tree_leaves
 from extension.rows.init import NewRows, is_tied
 from extension.rows.adapter import IGNORE_INDEX, attach
 
-from .conftest import tiny_gemma3, tiny_gpt2, tiny_llama
+from .conftest import random_rows, tiny_gemma3, tiny_gpt2, tiny_llama
 
 BASE_VOCAB = 240  # the tiny models have 256 rows: rows past the base vocab get overwritten
 NEW = 9
@@ -50,14 +50,7 @@ MODELS = {
 
 
 def _rows(model, seed=3) -> NewRows:
-    g = torch.Generator().manual_seed(seed)
-    d = model.get_input_embeddings().weight.shape[1]
-    rows = NewRows(input=torch.randn(NEW, d, generator=g) * 0.5)
-    if not is_tied(model):
-        rows.output = torch.randn(NEW, d, generator=g) * 0.5
-        if getattr(model.get_output_embeddings(), "bias", None) is not None:
-            rows.output_bias = torch.randn(NEW, generator=g)
-    return rows
+    return random_rows(model, NEW, seed)
 
 
 def _ids(seed=4, shape=(2, 16)) -> torch.Tensor:
