@@ -18,6 +18,9 @@ def register(sub) -> None:
     parser.add_argument("--base-model", required=True, help="built-in name (smollm2-135m, gemma3-270m), a folder under the models dir, or a local model folder")
     parser.add_argument("--terms", type=Path, help="UTF-8 file, one term per line")
     parser.add_argument("--corpus", type=Path, help="domain text (documents separated by blank lines) or JSONL")
+    parser.add_argument("--examples", type=Path, help="with --terms and no --corpus: a few documents of your own text "
+                        "(blank-line separated, or JSONL); snippets around each term train its rows first, and a part "
+                        "is held out to judge the published model on your text")
     parser.add_argument("--out", type=Path, required=True, help="folder to write; refused if it exists unless --force")
     parser.add_argument("--force", action="store_true", help="replace an existing --out folder")
     add_option_flags(parser)
@@ -43,6 +46,7 @@ def _run(args: argparse.Namespace) -> int:
         base_model=args.base_model,
         out_dir=args.out,
         terms=read_terms_file(args.terms) if args.terms else None,
+        examples=_read_examples(args.examples, args.corpus_text_field) if args.examples else None,
         corpus_path=args.corpus,
         **option_values(args),
         corpus_name=str(args.corpus) if args.corpus else None,
@@ -56,3 +60,13 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(result.summary())
     return 0
+
+
+def _read_examples(path: Path, text_field: str) -> list[str]:
+    from extension.errors import InvalidCorpusError
+    from extension.plan.corpus import iter_documents
+
+    try:
+        return list(iter_documents(path, text_field=text_field, label=f"examples {path}"))
+    except InvalidCorpusError as exc:
+        raise InvalidCorpusError(exc.message, param="examples") from None

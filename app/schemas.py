@@ -80,6 +80,10 @@ class _ExtendRequestBase(BaseModel):
     terms: list[str] | None = Field(None, description="Words or phrases that should each become one token")
     corpus_file_id: str | None = Field(None, max_length=64, description="An uploaded corpus (POST /files): mined for terms when none are given, and trained on")
     corpus_text: str | None = Field(None, description="A small corpus inline (documents separated by blank lines)")
+    examples: list[str] | None = Field(
+        None, description="With terms and no corpus: a few documents of your own text (each a string). Snippets around "
+        "each term train its rows before generated contexts do, and a part of the documents is held out to judge the "
+        "published model on your text (at most 1,000 documents, 1,000,000 characters)")
     mining: MiningOptions = Field(default_factory=MiningOptions)
     training: TrainingOptions = Field(default_factory=TrainingOptions)
     evaluation: EvaluationOptions = Field(default_factory=EvaluationOptions)

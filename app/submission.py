@@ -18,7 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from extension.plan.corpus import check_corpus
+from extension.plan.corpus import check_corpus, check_examples
 from extension.errors import InvalidCorpusError, TideError
 from extension.plan.models import BUILTIN_MODELS, resolve_model
 from extension.plan.options import BY_NAME
@@ -79,6 +79,13 @@ def _check_limits(request: ExtendRequest, settings: Settings) -> None:
         )
     if request.corpus_file_id is not None and request.corpus_text is not None:
         raise ApiError(422, "invalid_request", "give one corpus: corpus_file_id or corpus_text, not both", "corpus_text")
+    if request.examples is not None:
+        if request.terms is None:
+            raise ApiError(422, "invalid_request", "examples go with terms: give the terms they show in use", "examples")
+        try:
+            check_examples(request.examples, has_corpus=request.corpus_file_id is not None or request.corpus_text is not None)
+        except TideError as exc:
+            raise ApiError(422, exc.code, exc.message, "examples") from None
     if request.corpus_text is not None and len(request.corpus_text) > settings.max_corpus_text_chars:
         raise ApiError(
             422, "invalid_corpus",

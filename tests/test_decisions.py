@@ -108,9 +108,14 @@ def test_the_held_out_verdict_names_its_evidence_and_never_vouches_for_the_users
             "held_out_contexts_bits_per_byte": {"before": 1.20, "after": 1.26}}})):
         assert sentence.startswith(evidence) and "`--corpus FILE`" in sentence
     better = held_out_sentence(judged)
-    assert "at or below the base model on text the base model wrote only" in better
+    assert "That text was written by the base model, not taken from yours" in better
     assert "it does not show the model is as good as the base model on your own text" in better
-    assert "the extended model is at or below the base model:" not in better
+    assert "at or below" not in better and "`--examples FILE`" in better
+    # judged on held-out documents of the user's examples: a verdict on their own text, said as one
+    on_examples = {**judged, "selection": {"mode": "validation", "judging": {"source": "held-out documents of your examples, judging part"}}}
+    assert held_out_sentence(on_examples) == ("On held-out documents of your examples (kept out of training and of every "
+                                              "decision), the extended model is at or below the base model: 1.1400 bits "
+                                              "per byte against the base model's 1.2000 (-5.00%).")
     assert "corpus_file_id" in held_out_sentence(judged, style="api")
     assert held_out_sentence(judged, style="api") in verdict(judged)
     assert held_out_sentence(judged, style="both") in " ".join(_card(judged).split())

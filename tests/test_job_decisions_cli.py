@@ -73,7 +73,7 @@ def test_a_terms_only_job_is_compared_with_the_base_model_on_its_held_out_contex
     assert "Held-out contexts bits per byte" in card
     worse = row["after"] > row["before"]
     said = ("the extended model is WORSE than the base model" if worse
-            else "at or below the base model on text the base model wrote only")
+            else "That text was written by the base model, not taken from yours")
     evidence = "On held-out contexts the base model wrote for your terms, not your text (kept out of training and of every decision)"
     for text in (_one_line(stdout), _one_line(card)):
         assert said in text and evidence in text

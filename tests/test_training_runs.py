@@ -186,7 +186,7 @@ def test_live_run_is_extended_at_a_step_and_carries_on(base_path, tmp_path):
     report = extension.report
     assert report["trained_steps"] == 3 and report["optimizer"]["new_rows_from"] == "adapter"
     # steps given: the device decides only the time budget left unset (the run's own device: this CPU)
-    assert report["device_defaults"]["options"] == {"max_train_seconds": 7200}
+    assert report["device_defaults"]["options"] == {"max_train_seconds": 7200, "term_contexts": 4, "term_context_tokens": 64}
     assert set(report["optimizer"]["resized"]) == ({"input_rows"} if kind == "tied" else {"input_rows", "output_rows"})
     new_end = base_vocab + report["counts"]["new_vocab_entries"]
     _assert_carried(before.state, after.state, _vocab_names(trainer.model), base_vocab, new_end)

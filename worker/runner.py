@@ -145,6 +145,7 @@ def build_spec(job: Job, corpus: StoredFile | None, settings: Settings) -> Exten
         base_model=request["base_model"],
         out_dir=model_dir(settings, job.id),
         terms=request.get("terms"),
+        examples=request.get("examples"),
         corpus_path=Path(corpus.path) if corpus is not None else None,
         corpus_name=corpus.filename if corpus is not None else None,  # the name its owner gave it
         **request_options(request),

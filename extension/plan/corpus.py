@@ -200,3 +200,29 @@ def check_corpus(path: Path, **kwargs) -> tuple[int, int]:
 def corpus_label(spec) -> str:
     """How messages name a job's corpus: the name its owner gave it, never the file's own name."""
     return f"corpus {spec.corpus_name!r}" if spec.corpus_name else "the corpus"
+
+
+# A terms-only job's examples (extension/training/example_snippets.py): a few documents, not a corpus.
+MAX_EXAMPLE_DOCUMENTS = 1000
+MAX_EXAMPLE_CHARS = 1_000_000
+
+
+def check_examples(examples, *, has_corpus: bool) -> None:
+    """Refuse examples that are not a short list of non-empty texts, or that come with a corpus
+    (a corpus job trains and judges on its corpus: put the examples' text in it)."""
+    if examples is None:
+        return
+    if has_corpus:
+        raise InvalidCorpusError("examples are for a list of terms without a corpus; with a corpus, add the "
+                                 "examples' documents to the corpus instead", param="examples")
+    if not isinstance(examples, list) or not all(isinstance(doc, str) for doc in examples):
+        raise InvalidCorpusError("examples must be a list of texts (one document each)", param="examples")
+    empty = [index for index, doc in enumerate(examples) if not doc.strip()]
+    if empty:
+        raise InvalidCorpusError(f"examples[{empty[0]}] is empty: give each document some text, or leave it out",
+                                 param="examples")
+    if len(examples) > MAX_EXAMPLE_DOCUMENTS or sum(len(doc) for doc in examples) > MAX_EXAMPLE_CHARS:
+        raise InvalidCorpusError(
+            f"examples hold {len(examples):,} documents and {sum(len(d) for d in examples):,} characters; the limit is "
+            f"{MAX_EXAMPLE_DOCUMENTS:,} documents and {MAX_EXAMPLE_CHARS:,} characters: give more text as a corpus",
+            param="examples")

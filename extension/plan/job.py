@@ -60,6 +60,7 @@ def validate_spec(spec) -> None:
     """Cheap checks that need no model; the context-length limit is checked in plan_model."""
     if not spec.terms and spec.corpus_path is None:
         raise InvalidOptionError("give terms, a corpus, or both", param="terms")
+    corpus_io.check_examples(spec.examples, has_corpus=spec.corpus_path is not None)
     check_options(spec)
 
 

@@ -194,6 +194,20 @@ OPTIONS: tuple[Option, ...] = (
     Option("validation_patience", int, 0, "stop training after this many validation checks in a row without a "
            "better score (0: never; only where the job has validation text)", 0, 1000),
     Option("checkpoint_every", int, 50, "steps between checkpoints in the work folder (0: only at the end)", 0, 1_000_000),
+    # terms-only jobs: the contexts the base model writes for each term (extension/training/term_contexts.py).
+    # Token Distillation (arXiv 2505.20133) writes 100 of 50 tokens per new token, affordable on a
+    # GPU; a CPU writes what its time allows (benchmarks/results/context_writing.md: 64-token
+    # contexts at about 0.4 s each there). Never more than training reads (steps x batch_size).
+    Option("term_contexts", int, 4, "contexts per term a terms-only job trains on: snippets of the examples around the "
+           "term first, then contexts the base model writes (at most what the training steps read; unset: the "
+           "device's default)", 1, 1000, device_defaults=(("cuda", 100),)),
+    Option("term_context_tokens", int, 64, "tokens the base model writes after each prompt of a terms-only job "
+           "(unset: the device's default)", 8, 1024, device_defaults=(("cuda", 50),)),
+    Option("term_prompts", str, "list",
+           "what a terms-only job asks the base model to continue: 'list' alternates the term after a few other terms "
+           "of the list (which sets the language and domain) and the term alone; 'term' always the term alone (Token "
+           "Distillation's prompt); 'templates' five English frames around the term (the earlier default)",
+           choices=("list", "term", "templates")),
     # what is published (extension/selection): the best validation step and the terms that pay
     Option("selection", str, "validation",
            "'validation': publish the training step (step 0, the init, included) that scores best on the validation "

@@ -44,6 +44,8 @@ ExtendSpec = make_dataclass(
         # How messages and reports name the corpus: the name its owner gave it (the CLI: the path
         # as typed). None: "the corpus" — never the file's own name, which may be a server's.
         ("corpus_name", "str | None", field(default=None)),
+        # A terms-only job's few documents of the user's own text (training/example_snippets.py)
+        ("examples", "list[str] | None", field(default=None)),
         *[(option.name, option.kind if not option.device_defaults else f"{option.kind.__name__} | None",
            field(default=option.unset_default)) for option in OPTIONS],
         ("allow_local_paths", bool, field(default=True)),  # the CLI; the service sets False

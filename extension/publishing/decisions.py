@@ -15,6 +15,7 @@ from ..plan.options import BY_NAME
 # both (the model card, read by users of either door).
 STYLES = ("cli", "api", "both")
 # The corpus is an input, not an option: how each door names it.
+_EXAMPLES_WORDS = {"cli": "`--examples FILE`", "api": "`examples`", "both": "`--examples FILE` (API: `examples`)"}
 _CORPUS_WORDS = {"cli": "`--corpus FILE`", "api": "a corpus, `corpus_file_id`", "both": "`--corpus FILE` (API: `corpus_file_id`)"}
 
 
@@ -36,6 +37,9 @@ def not_judged_sentence(metrics: dict, *, style: str = "cli") -> str | None:
     was published without being judged against the base model (every term, the last step)."""
     selection = metrics.get("selection") or {}
     skipped = selection.get("skipped")
+    if selection.get("terms_kept_unjudged") and selection.get("mode", "validation") == "validation":
+        return (f"Which terms stay was NOT decided: {selection['terms_kept_unjudged']}. Give a few documents of your "
+                f"own text ({_EXAMPLES_WORDS[style]}) or more terms to have it decided.")
     if not skipped or selection.get("mode", "validation") != "validation":
         return None
     fix = "" if "corpus" in skipped else f"; give your own domain text ({_CORPUS_WORDS[style]}) to judge it on"
@@ -158,15 +162,23 @@ def held_out_sentence(metrics: dict, *, style: str = "cli") -> str | None:
         return None
     before, after = row["before"], row["after"]
     numbers = f"{after:.4f} bits per byte against the base model's {before:.4f} ({(after / before - 1):+.2%})"
+    judged_on = ((metrics.get("selection") or {}).get("judging") or {}).get("source", "")
+    if "examples" in judged_on:  # the user's own documents, held out: a verdict on their text
+        where = "On held-out documents of your examples (kept out of training and of every decision),"
+        if after > before:
+            return (f"{where} the extended model is WORSE than the base model: {numbers}. Give more of your text "
+                    f"(a corpus: {_CORPUS_WORDS[style]}) or train longer.")
+        return f"{where} the extended model is at or below the base model: {numbers}."
     # metrics written before the judging part existed were measured on the contexts that chose the step
     apart = ("kept out of training and of every decision" if (metrics.get("selection") or {}).get("judging")
              else "kept out of training, but the same ones that chose the training step, so the figure is optimistic")
     where = f"On held-out contexts the base model wrote for your terms, not your text ({apart}),"
     corpus = _CORPUS_WORDS[style]
+    examples = _EXAMPLES_WORDS[style]
     if after > before:
         return (f"{where} the extended model is WORSE than the base model: {numbers}. Its shorter text costs more "
-                f"bits than it saves there; give your own domain text ({corpus}) to train and judge the "
-                "terms on it, or train longer.")
-    return (f"{where} the extended model scores {numbers}. That is at or below the base model on text the base model "
-            "wrote only: it does not show the model is as good as the base model on your own text; give your own "
-            f"domain text ({corpus}) to have it judged on that.")
+                f"bits than it saves there; give a few documents of your own text ({examples}) or your domain text "
+                f"({corpus}) to train and judge the terms on it, or train longer.")
+    return (f"{where} the extended model scores {numbers}. That text was written by the base model, not taken from "
+            "yours: it does not show the model is as good as the base model on your own text; give a few documents "
+            f"of it ({examples}) or your domain text ({corpus}) to have it judged on that.")

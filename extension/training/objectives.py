@@ -22,6 +22,8 @@ def build_training_data(spec, model, extended, callbacks: Callbacks | None = Non
         return corpus_windows(spec.corpus_path, extended.tokenizer, base_vocab_size=extended.base_vocab_size,
                               config=config, sampling=sampling, text_field=spec.corpus_text_field)
     return distill.terms_objective(
-        model, extended, config, objective=terms_objective, work_dir=callbacks.work_dir,
+        model, extended, config, objective=terms_objective, per_term=spec.term_contexts,
+        max_new_tokens=spec.term_context_tokens, style=spec.term_prompts, examples=spec.examples,
+        distilled_per_term=spec.distill_contexts if spec.init == "distill" else 0, work_dir=callbacks.work_dir,
         should_cancel=callbacks.should_cancel, hold_out=getattr(spec, "selection", "none") == "validation",
         on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "contexts"}))

@@ -62,7 +62,7 @@ def write_texts(spec, model, tokenizer, extended, callbacks: Callbacks) -> JobTe
         source = "corpus validation split"
     else:
         documents = list(getattr(objective, "validation_texts", []))
-        source = "held-out generated contexts"
+        source = HELD_OUT_SOURCES[_plan_of(objective).get("deciding", "generated")]
     # Generated contexts: one per term, however short, is a guard worth having (it decides only
     # the step, never which terms stay); a corpus's validation text must be big enough to decide on.
     minimum = MIN_VALIDATION_BYTES if spec.corpus_path is not None else 1
@@ -79,12 +79,22 @@ def write_texts(spec, model, tokenizer, extended, callbacks: Callbacks) -> JobTe
             callbacks.on_warning(f"no validation: {skipped}")
         return JobTexts(objective, None, {"mode": spec.selection, "skipped": skipped})
     report = {"mode": spec.selection, "validation": validation.report()}
+    if _plan_of(objective):
+        report["contexts"] = _plan_of(objective)
     judging_texts = list(getattr(objective, "judging_texts", [])) if spec.corpus_path is None else []
-    judging = build_validation(model, tokenizer, judging_texts, source="held-out generated contexts, judging part",
-                               min_bytes=1) if judging_texts else None
+    judging_source = HELD_OUT_SOURCES[_plan_of(objective).get("judging", "generated")] + ", judging part"
+    judging = build_validation(model, tokenizer, judging_texts, source=judging_source, min_bytes=1) if judging_texts else None
     if judging is not None:
         report["judging"] = judging.report()
     return JobTexts(objective, validation, report, judging)
+
+
+# Where a terms-only job's held-out text comes from (ContextPlan.to_json's "deciding" / "judging")
+HELD_OUT_SOURCES = {"generated": "held-out generated contexts", "examples": "held-out documents of your examples"}
+
+
+def _plan_of(objective) -> dict:
+    return getattr(objective, "plan", None) or {}
 
 
 def train_new_rows(spec, model, extended, start: StartRows, texts: JobTexts, callbacks: Callbacks) -> Trained:

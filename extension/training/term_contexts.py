@@ -1,7 +1,8 @@
 """Terms-only jobs: train the new rows without a corpus.
 
-Contexts come from the base model itself: for each term, a short neutral prompt containing the
-term is continued by sampling, so the text is what the base model expects around the term.
+Contexts come from the user's `examples` where they hold the term (example_snippets.py), and
+from the base model itself: a prompt in the list's own writing system (term_prompts.py) is
+continued by sampling, so the text is what the base model expects around the term.
 Two objectives over those texts (measured in benchmarks/results/terms_only_training.md):
 
 - "distill" (Token Distillation, arXiv 2505.20133, extended to the output side): the student
@@ -27,13 +28,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .example_snippets import snippets_around, split_examples
 from .identity import run_identity
+from .term_prompts import term_prompts
 from ..rows.adapter import IGNORE_INDEX, RowsAdapter
 
 OBJECTIVES = ("distill", "lm")
-# Neutral openings: the term appears at the start, after a word, and before a verb, so each
-# context has it in its natural in-text forms ("term" and " term").
-TEMPLATES = ("{term}", "The {term}", "{term} is", "A note on {term}:", "In practice, {term}")
 CONTEXTS_FILE = "term_contexts.json"
 
 
@@ -60,24 +60,28 @@ def _prompt_ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text)["input_ids"]  # with the tokenizer's own special tokens (Gemma: BOS)
 
 
-@torch.no_grad()
 def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 64, seed: int = 0,
-                   batch_size: int | None = None, should_cancel=None, on_progress=None) -> list[str]:
-    """Sample `per_term` continuations of a prompt containing each term, with the BASE model
-    (call before attaching the adapter). Returns the full texts, prompt included.
-    `on_progress(done, total)` hears how many of the texts are written, after every batch: on a
-    CPU this takes minutes. Runs on the model's device, `batch_size` prompts per generate() call
-    (default: the device's, devices.generation_batch_size)."""
+                   style: str = "list", batch_size: int | None = None, should_cancel=None, on_progress=None) -> list[str]:
+    """`per_term` contexts per term, term by term, written by the BASE model (call before
+    attaching the adapter) from prompts of `style` (term_prompts.py). Full texts, prompt included."""
+    prompts = term_prompts([t.term for t in extended.terms], per_term, style=style, seed=seed)
+    return continue_prompts(model, extended, prompts, max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size,
+                            should_cancel=should_cancel, on_progress=on_progress)
+
+
+@torch.no_grad()
+def continue_prompts(model, extended, prompts: list[str], *, max_new_tokens: int = 64, seed: int = 0,
+                     batch_size: int | None = None, should_cancel=None, on_progress=None) -> list[str]:
+    """Each prompt continued by sampling `max_new_tokens` with the base model, which reads the
+    prompt in the base tokenizer's pieces (new tokens expanded). `on_progress(done, total)` hears
+    how many are written after every batch: on a CPU this takes minutes. Runs on the model's
+    device, `batch_size` prompts per generate() call (default: the device's)."""
     from ..plan.devices import generation_batch_size, model_device
 
     tokenizer = extended.tokenizer
     batch_size = batch_size or generation_batch_size(model)
     pieces = {t.id: t.base_ids for t in extended.new_tokens}
-    prompts: list[list[int]] = []
-    for index, term in enumerate(extended.terms):
-        template = TEMPLATES[index % len(TEMPLATES)]
-        student = _prompt_ids(tokenizer, template.format(term=term.term))
-        prompts.extend([expand(student, extended.base_vocab_size, pieces).teacher] * per_term)
+    prompt_ids = [expand(_prompt_ids(tokenizer, prompt), extended.base_vocab_size, pieces).teacher for prompt in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     device = model_device(model)
     texts: list[str] = []
@@ -85,13 +89,13 @@ def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 
     torch.manual_seed(seed)
     try:
         if on_progress is not None:
-            on_progress(0, len(prompts))
-        for start in range(0, len(prompts), batch_size):
+            on_progress(0, len(prompt_ids))
+        for start in range(0, len(prompt_ids), batch_size):
             if should_cancel is not None and should_cancel():
                 from ..errors import JobCancelled
 
                 raise JobCancelled("cancelled while generating term contexts")
-            batch = prompts[start : start + batch_size]
+            batch = prompt_ids[start : start + batch_size]
             width = max(len(p) for p in batch)
             ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch], device=device)
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=device)
@@ -100,27 +104,34 @@ def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 
             for row, prompt in zip(out, batch):
                 texts.append(tokenizer.decode(row[width - len(prompt):].tolist(), skip_special_tokens=True))
             if on_progress is not None:
-                on_progress(len(texts), len(prompts))
+                on_progress(len(texts), len(prompt_ids))
     finally:
         torch.random.set_rng_state(generator_state)
     return texts
 
 
-def term_contexts(model, extended, *, per_term: int = 4, max_new_tokens: int = 64, seed: int = 0,
+def term_contexts(model, extended, *, per_term: int = 4, max_new_tokens: int = 64, seed: int = 0, style: str = "list",
                   work_dir: Path | None = None, should_cancel=None, on_progress=None) -> list[str]:
-    """generate_texts, cached in work_dir so a resumed job trains on the very same texts (the
-    cache key holds the base model's identity too: another model's texts are never reused)."""
+    """generate_texts, cached in work_dir (see cached_continuations)."""
+    prompts = term_prompts([t.term for t in extended.terms], per_term, style=style, seed=seed)
+    return cached_continuations(model, extended, prompts, max_new_tokens=max_new_tokens, seed=seed, work_dir=work_dir,
+                                should_cancel=should_cancel, on_progress=on_progress)
+
+
+def cached_continuations(model, extended, prompts: list[str], *, max_new_tokens: int, seed: int,
+                         work_dir: Path | None = None, should_cancel=None, on_progress=None) -> list[str]:
+    """continue_prompts, cached in work_dir so a resumed job trains on the very same texts (the
+    cache key holds the prompts and the base model's identity: another model's texts are never reused)."""
     key = hashlib.sha256(json.dumps(
-        [[t.term for t in extended.terms], per_term, max_new_tokens, seed, extended.base_vocab_size,
-         run_identity(model, extended)]
+        [prompts, max_new_tokens, seed, extended.base_vocab_size, run_identity(model, extended)]
     ).encode()).hexdigest()
     cache = Path(work_dir) / CONTEXTS_FILE if work_dir else None
     if cache is not None and cache.exists():
         saved = json.loads(cache.read_text())
         if saved.get("key") == key:
             return saved["texts"]
-    texts = generate_texts(model, extended, per_term=per_term, max_new_tokens=max_new_tokens, seed=seed,
-                           should_cancel=should_cancel, on_progress=on_progress)
+    texts = continue_prompts(model, extended, prompts, max_new_tokens=max_new_tokens, seed=seed,
+                             should_cancel=should_cancel, on_progress=on_progress)
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
@@ -152,6 +163,7 @@ class TermContextObjective:
             raise ValueError("no usable term contexts")
         self.validation_texts: list[str] = []  # held-out contexts that choose the step (terms_objective fills them in)
         self.judging_texts: list[str] = []  # held-out contexts no decision sees: what the job reports on
+        self.plan: dict = {}  # where the texts came from (ContextPlan.to_json)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         self.batch_size, self.seed, self.objective = batch_size, seed, objective
         self._fingerprint = hashlib.sha256(json.dumps([texts, objective, seq_len]).encode()).hexdigest()[:16]
@@ -244,26 +256,74 @@ class TermContextObjective:
         return targets
 
 
-def terms_objective(model, extended, config, *, objective: str = "distill", per_term: int = 4,
-                    max_new_tokens: int = 64, work_dir: Path | None = None, should_cancel=None,
-                    on_progress=None, hold_out: bool = True) -> TermContextObjective:
-    """The training data of a terms-only job (call before attaching the adapter).
+@dataclass
+class ContextPlan:
+    """How many texts of each kind a terms-only job reads, per term, and where they come from."""
 
-    Generation is the slow part on a CPU, so no more contexts are sampled than the run can read
-    (steps x batch_size sequences), but every term gets at least one. With `hold_out`, two more
-    contexts per term are written and kept out of training: a deciding one (`objective.validation_texts`,
-    on which the best step is chosen) and a judging one (`objective.judging_texts`), which no
-    decision sees, so the before/after a job reports is not measured on the text that chose it."""
+    per_term: int  # training contexts per term (examples' snippets first, generated ones fill the rest)
+    snippets: list[list[str]]  # per term: its training snippets from the examples
+    deciding_examples: list[str]  # examples' documents that decide (empty: one generated context per term)
+    judging_examples: list[str]  # examples' documents that judge (empty: one generated context per term)
+
+    def to_json(self, terms: int) -> dict:
+        from_examples = sum(len(found) for found in self.snippets)
+        return {"per_term": self.per_term, "training_contexts": self.per_term * terms,
+                "from_examples": from_examples, "generated": self.per_term * terms - from_examples,
+                "deciding": "examples" if self.deciding_examples else "generated",
+                "judging": "examples" if self.judging_examples else "generated"}
+
+
+def plan_contexts(extended, config, *, per_term: int, examples: list[str] | None = None,
+                  distilled_per_term: int = 0) -> ContextPlan:
+    """Generation is the slow part on a CPU, so no more contexts per term are written than the run
+    can read (steps x batch_size sequences over the terms, or the input distillation's
+    `distilled_per_term`, whichever is more), but every term gets at least one."""
     terms = max(1, len(extended.terms))
-    per_term = max(1, min(per_term, -(-config.steps * config.batch_size // terms)))
-    written = per_term + (2 if hold_out else 0)
-    texts = term_contexts(model, extended, per_term=written, max_new_tokens=max_new_tokens, seed=config.seed,
-                          work_dir=work_dir, should_cancel=should_cancel, on_progress=on_progress)
-    # texts come term by term, `written` each, in the cached order (a resumed job splits them
-    # alike): the first `per_term` train, the next decides, the last judges
-    train = [text for index, text in enumerate(texts) if index % written < per_term]
+    read = max(-(-config.steps * config.batch_size // terms), distilled_per_term)
+    per_term = max(1, min(per_term, read))
+    training, deciding, judging = split_examples(list(examples or []))
+    snippets = [snippets_around(t.term, training, limit=per_term) for t in extended.terms]
+    return ContextPlan(per_term, snippets, deciding, judging)
+
+
+def terms_objective(model, extended, config, *, objective: str = "distill", per_term: int = 4,
+                    max_new_tokens: int = 64, style: str = "list", examples: list[str] | None = None,
+                    distilled_per_term: int = 0, work_dir: Path | None = None, should_cancel=None, on_progress=None,
+                    hold_out: bool = True) -> TermContextObjective:
+    """The training data of a terms-only job (call before attaching the adapter): per term, its
+    snippets from the user's `examples`, then contexts the base model writes (plan_contexts).
+
+    With `hold_out`, two held-out parts are kept out of training: a deciding one
+    (`objective.validation_texts`: the best step and which terms stay) and a judging one
+    (`objective.judging_texts`), which no decision sees, so the before/after a job reports is not
+    measured on the text that chose it. Each is the examples' own part where they have one, else
+    one more generated context per term."""
+    plan = plan_contexts(extended, config, per_term=per_term, examples=examples, distilled_per_term=distilled_per_term)
+    extra = (0 if plan.deciding_examples else 1) + (0 if plan.judging_examples else 1) if hold_out else 0
+    needed = [plan.per_term - len(found) + extra for found in plan.snippets]
+    prompts = term_prompts([t.term for t in extended.terms], max(needed), style=style, seed=config.seed)
+    width = max(needed)
+    wanted = [prompts[i * width + k] for i, count in enumerate(needed) for k in range(count)]
+    written = cached_continuations(model, extended, wanted, max_new_tokens=max_new_tokens, seed=config.seed,
+                                   work_dir=work_dir, should_cancel=should_cancel, on_progress=on_progress)
+    # written texts come term by term, `needed[i]` each, in the cached order (a resumed job splits
+    # them alike): the training fill first, then the deciding one, then the judging one
+    train: list[str] = []
+    deciding: list[str] = list(plan.deciding_examples) if hold_out else []
+    judging: list[str] = list(plan.judging_examples) if hold_out else []
+    at = 0
+    for found, count in zip(plan.snippets, needed):
+        own = written[at : at + count]
+        at += count
+        fill = plan.per_term - len(found)
+        train += found + own[:fill]
+        held = own[fill:]
+        if hold_out and not plan.deciding_examples:
+            deciding.append(held.pop(0))
+        if hold_out and not plan.judging_examples:
+            judging.append(held.pop(0))
     built = TermContextObjective(train, extended, batch_size=config.batch_size, seq_len=config.seq_len,
                                  seed=config.seed, objective=objective)
-    built.validation_texts = [text for index, text in enumerate(texts) if index % written == per_term]
-    built.judging_texts = [text for index, text in enumerate(texts) if index % written == per_term + 1]
+    built.validation_texts, built.judging_texts = deciding, judging
+    built.plan = plan.to_json(len(extended.terms))
     return built

@@ -5,6 +5,8 @@ still queued."""
 from __future__ import annotations
 
 import hashlib
+import os
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +60,15 @@ def submit(client, auth, body, **headers):
         ({"base_model": TINY_MODEL, "corpus_text": "a\n\nb", "corpus_file_id": "file_x"}, "corpus_text", "invalid_request"),
         ({"base_model": TINY_MODEL, "corpus_text": "   \n\n  "}, "corpus_text", "invalid_corpus"),
         ({"base_model": TINY_MODEL, "corpus_text": "x" * 200_001}, "corpus_text", "invalid_corpus"),
+        ({"base_model": TINY_MODEL, "corpus_text": "a kernel", "examples": ["a kernel"]}, "examples", "invalid_request"),
+        ({"base_model": TINY_MODEL, "terms": ["kernel"], "corpus_text": "a kernel", "examples": ["a kernel"]}, "examples",
+         "invalid_corpus"),
+        ({"base_model": TINY_MODEL, "terms": ["kernel"], "examples": ["a kernel", " "]}, "examples", "invalid_corpus"),
+        ({"base_model": TINY_MODEL, "terms": ["kernel"], "examples": "a kernel"}, "examples", "invalid_request"),
+        ({"base_model": TINY_MODEL, "terms": ["kernel"], "training": {"term_contexts": 0}}, "training.term_contexts",
+         "invalid_option"),
+        ({"base_model": TINY_MODEL, "terms": ["kernel"], "training": {"term_prompts": "english"}}, "training.term_prompts",
+         "invalid_option"),
     ],
 )
 def test_bad_extend_requests_name_the_field(client, auth, body, param, code):
@@ -106,6 +117,22 @@ def _queued_job(client, auth, **extra) -> dict:
     response = submit(client, auth, {"base_model": TINY_MODEL, "terms": ["multiprogramming"], "training": {"steps": 1}, **extra})
     assert response.status_code == 202, response.text
     return response.json()
+
+
+def test_examples_and_the_context_options_reach_the_job(client, auth):
+    """Issue 39: a terms-only request's `examples` and its contexts' options are stored with the job
+    and given to the pipeline by the worker (worker.runner.build_spec, what a worker runs)."""
+    from types import SimpleNamespace
+
+    from app.settings import Settings
+    from worker.runner import build_spec
+
+    examples = ["Multiprogramming lets one processor run several programs.", "A second document."]
+    job = _queued_job(client, auth, examples=examples, training={"steps": 1, "term_contexts": 7, "term_prompts": "term"})
+    assert job["request"]["examples"] == examples
+    spec = build_spec(SimpleNamespace(id=job["id"], request=job["request"]), None, Settings(data_dir=Path(os.devnull).parent))
+    assert (spec.examples, spec.term_contexts, spec.term_prompts, spec.term_context_tokens) == (examples, 7, "term", None)
+    client.post(f"/jobs/{job['id']}/cancel", headers=auth)
 
 
 def test_submit_answers_202_with_location_and_cancel_while_queued(client, auth):

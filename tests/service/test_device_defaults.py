@@ -25,13 +25,16 @@ SMALL = {"batch_size": 2, "seq_len": 32, "warmup_steps": 0, "checkpoint_every": 
 
 def test_an_unset_option_takes_the_default_of_the_device():
     unset = ExtendSpec(base_model="m", out_dir="o", terms=["kernel"])
-    assert unset.steps is None and unset.max_train_seconds is None
-    assert defaults_for_device(unset, "cpu") == {"steps": BY_NAME["steps"].default, "max_train_seconds": 7200} == {
-        "steps": 150, "max_train_seconds": 7200}
-    assert defaults_for_device(unset, "cuda") == {"steps": 400, "max_train_seconds": 3600}
-    assert defaults_for_device(unset, "cpu_bf16") == {"steps": 250, "max_train_seconds": 7200}
-    assert defaults_for_device(ExtendSpec(base_model="m", out_dir="o", terms=["kernel"], steps=7, max_train_seconds=60),
-                               "cuda") == {}
+    assert unset.steps is None and unset.max_train_seconds is None and unset.term_contexts is None
+    contexts = {"term_contexts": 4, "term_context_tokens": 64}  # a terms-only job's contexts: what a CPU affords
+    assert defaults_for_device(unset, "cpu") == {"steps": BY_NAME["steps"].default, "max_train_seconds": 7200,
+                                                 **contexts} == {"steps": 150, "max_train_seconds": 7200, **contexts}
+    # a GPU: Token Distillation's 100 contexts of 50 tokens per term
+    assert defaults_for_device(unset, "cuda") == {"steps": 400, "max_train_seconds": 3600, "term_contexts": 100,
+                                                  "term_context_tokens": 50}
+    assert defaults_for_device(unset, "cpu_bf16") == {"steps": 250, "max_train_seconds": 7200, **contexts}
+    assert defaults_for_device(ExtendSpec(base_model="m", out_dir="o", terms=["kernel"], steps=7, max_train_seconds=60,
+                                          term_contexts=3, term_context_tokens=20), "cuda") == {}
     assert BY_NAME["steps"].default_text == ("150 on a CPU, 250 on a CPU that computes bf16 in hardware (AMX or AVX-512 "
                                              "BF16; precision auto), 400 on a GPU (cuda)")
     assert BY_NAME["steps"].defaults_for_setting("cpu") == [150, 250]
@@ -105,7 +108,11 @@ def test_a_job_without_steps_trains_its_devices_default_and_says_so(client, auth
     url = next(f["url"] for f in manifest["files"] if f["path"] == "tide_extension.json")
     extension = json.loads(client.get(url, headers=auth).content)
     assert extension["spec"]["steps"] == extension["trained_steps"] == steps
+    per_term = BY_NAME["term_contexts"].default_on(device)
     assert extension["device_defaults"] == {"device": device, "options": {
-        "steps": steps, "max_train_seconds": BY_NAME["max_train_seconds"].default_on(device)}}
+        "steps": steps, "max_train_seconds": BY_NAME["max_train_seconds"].default_on(device), "term_contexts": per_term,
+        "term_context_tokens": BY_NAME["term_context_tokens"].default_on(device)}}
+    # the device's contexts per term reached the terms-only job (never more than its steps read)
+    assert job["metrics"]["selection"]["contexts"]["per_term"] == min(per_term, steps * SMALL["batch_size"] // len(TERMS))
     assert extension["training"] == {"steps": steps, "planned_steps": steps, "stopped": "steps",
                                      "max_train_seconds": BY_NAME["max_train_seconds"].default_on(device), "validation_patience": 0}
