@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from app.cli import main
+from extension.plan.options import BY_NAME
 from extension.training.example_snippets import snippets_around, split_examples
 from extension.training.term_prompts import TEMPLATES, list_separator, term_prompts, writing_system
 from tests.service.conftest import foldoc_documents
@@ -74,9 +75,11 @@ def test_examples_train_first_and_judge_through_the_cli(tmp_path, tiny_model_dir
     (tmp_path / "terms.txt").write_text("\n".join(terms) + "\n")
     (tmp_path / "examples.txt").write_text("\n\n".join(documents))
     stdout, metrics = _extend(capsys, tiny_model_dir, tmp_path / "out", "--terms", str(tmp_path / "terms.txt"),
-                              "--examples", str(tmp_path / "examples.txt"), "--steps", "6", "--term-contexts", "3")
+                              "--examples", str(tmp_path / "examples.txt"), "--steps", "10")
     contexts = metrics["selection"]["contexts"]
-    assert contexts["per_term"] == 3 and contexts["from_examples"] > 0
+    # --term-contexts unset: this CPU's default (10 steps x batch 2 over 3 terms read up to 7 each)
+    assert contexts["per_term"] == BY_NAME["term_contexts"].default_on("cpu_bf16") == BY_NAME["term_contexts"].default == 4
+    assert contexts["from_examples"] > 0
     assert contexts["deciding"] == contexts["judging"] == "examples"
     assert metrics["selection"]["validation"]["source"] == "held-out documents of your examples"
     assert metrics["selection"]["judging"]["source"] == "held-out documents of your examples, judging part"
