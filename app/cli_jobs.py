@@ -25,6 +25,8 @@ def register(sub) -> None:
     submit.add_argument("--base-model", required=True, help="a model the server offers (see `tide jobs models`)")
     submit.add_argument("--terms", metavar="FILE", help="terms file: UTF-8, one term per line")
     submit.add_argument("--term", action="append", default=[], metavar="TERM", help="one term (repeat the flag for more)")
+    submit.add_argument("--examples", metavar="FILE", help="with terms and no corpus: a few documents of your own text "
+                        "(blank-line separated, or .jsonl) the job trains the terms on first and judges the model on")
     submit.add_argument("--corpus", metavar="FILE", help="corpus to upload: UTF-8 text (documents between blank lines) or .jsonl")
     submit.add_argument("--text-field", help="JSONL corpora: the field holding the text")
     submit.add_argument(
@@ -128,14 +130,15 @@ def _finished(job: dict) -> int:
 
 
 def _submit(args) -> int:
-    from .client import read_terms_file
+    from .client import read_examples_file, read_terms_file
 
     def action(client):
         terms = list(args.term)
         if args.terms:
             terms += read_terms_file(args.terms)
+        examples = read_examples_file(args.examples, args.text_field or "text") if args.examples else None
         job = client.submit(
-            args.base_model, terms=terms or None, corpus=args.corpus, text_field=args.text_field,
+            args.base_model, terms=terms or None, examples=examples, corpus=args.corpus, text_field=args.text_field,
             options=_options(args.settings), idempotency_key=args.idempotency_key,
         )
         print(job["id"])

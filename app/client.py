@@ -13,7 +13,9 @@ and httpx do; `tide jobs ...` (app/cli_jobs.py) is a thin command line over it.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import sys
 import tarfile
 import time
@@ -71,6 +73,24 @@ def read_terms_file(path: str | Path) -> list[str]:
     except OSError as exc:
         raise ClientError("invalid_terms", f"cannot read terms file {path}: {exc.strerror}", "terms") from None
     return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def read_examples_file(path: str | Path, text_field: str = "text") -> list[str]:
+    """A few documents of the user's own text: JSONL (one object per line, its `text_field`), else
+    UTF-8 text with documents between blank lines. The server checks the rest."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ClientError("invalid_corpus", f"examples file {path} is not UTF-8 (byte offset {exc.start}); save it as UTF-8", "examples") from None
+    except OSError as exc:
+        raise ClientError("invalid_corpus", f"cannot read examples file {path}: {exc.strerror}", "examples") from None
+    if str(path).endswith(".jsonl"):
+        try:
+            return [json.loads(line)[text_field] for line in text.splitlines() if line.strip()]
+        except (ValueError, KeyError, TypeError):
+            raise ClientError("invalid_corpus", f"examples file {path}: every line must be a JSON object with a string "
+                              f"field {text_field!r}", "examples") from None
+    return [doc.strip() for doc in re.split(r"\n\s*\n", text) if doc.strip()]
 
 
 def _sha256(path: Path) -> str:
@@ -173,6 +193,7 @@ class TideClient:
         base_model: str,
         *,
         terms: list[str] | None = None,
+        examples: list[str] | None = None,
         corpus: str | Path | None = None,
         corpus_file_id: str | None = None,
         text_field: str | None = None,
@@ -184,6 +205,8 @@ class TideClient:
         body: dict[str, Any] = {"base_model": base_model, **(options or {})}
         if terms is not None:
             body["terms"] = list(terms)
+        if examples is not None:
+            body["examples"] = list(examples)
         if corpus is not None:
             corpus_file_id = self.upload(corpus, text_field)["id"]
         if corpus_file_id is not None:

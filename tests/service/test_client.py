@@ -5,6 +5,7 @@ Range; a corrupted download is caught by its sha256; the CLI end to end."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -150,8 +151,11 @@ def test_tide_jobs_command_line(live_server, api_key, tmp_path):
     no_key = _tide(["list"], {k: v for k, v in env.items() if k != "TIDE_API_KEY"}, tmp_path)
     assert no_key.returncode == 2 and "TIDE_API_KEY" in no_key.stderr
 
+    examples = tmp_path / "examples.txt"  # a few documents of the user's text: the job judges on one of them
+    examples.write_text("A hypertext links documents.\n\nEvery microprocessor runs hypertext browsers.\n\n"
+                        "The microprocessor reads hypertext.\n", encoding="utf-8")
     submitted = _tide([
-        "submit", "--base-model", TINY_MODEL, "--terms", str(terms), "--wait",
+        "submit", "--base-model", TINY_MODEL, "--terms", str(terms), "--examples", str(examples), "--wait",
         "--set", "training.steps=3", "--set", "training.batch_size=2", "--set", "training.seq_len=64",
         "--set", "training.warmup_steps=0", "--set", "evaluation.max_bytes=4000",
     ], env, tmp_path)
@@ -159,6 +163,9 @@ def test_tide_jobs_command_line(live_server, api_key, tmp_path):
     job_id = submitted.stdout.strip()
     assert job_id.startswith("job_") and "3/3" in submitted.stderr and "succeeded" in submitted.stderr
 
+    shown = json.loads(_tide(["show", job_id], env, tmp_path).stdout)
+    assert len(shown["request"]["examples"]) == 3
+    assert shown["metrics"]["selection"]["judging"]["source"] == "held-out documents of your examples, judging part"
     events = _tide(["events", job_id], env, tmp_path)
     assert events.returncode == 0 and '"stage": "publish"' in events.stdout
     listed = _tide(["list", "--status", "succeeded"], env, tmp_path)
