@@ -14,7 +14,7 @@ import torch
 from app.cli import main
 from extension.plan.options import BY_NAME
 from extension.training.example_snippets import snippets_around, split_examples
-from extension.training.term_prompts import TEMPLATES, list_separator, term_prompts, writing_system
+from extension.training.term_prompts import TEMPLATES, conditioning_prefix, list_separator, term_prompts, writing_system
 from tests.service.conftest import foldoc_documents
 
 SMALL = ["--batch-size", "2", "--seq-len", "32", "--eval-bytes", "1000", "--warmup-steps", "0", "--checkpoint-every", "0"]
@@ -45,6 +45,11 @@ def test_prompts_are_made_of_the_list_alone(terms):
     assert not any(re.search(r"[A-Za-z]", p) for p in prompts) if terms is CHINESE else True
     assert term_prompts(terms, 4, style="list", seed=0) == prompts != term_prompts(terms, 4, style="list", seed=1)
     assert term_prompts(terms, 2, style="term") == [t for t in terms for _ in range(2)]
+    # the other terms only condition the writing: the context trained on starts at the term
+    prefix = conditioning_prefix(prompts[0], terms[0], "list")
+    assert prompts[0] == prefix + (" " if separator == ", " else "") + terms[0] and terms[0] not in prefix
+    assert conditioning_prefix(terms[0], terms[0], "list") is None
+    assert conditioning_prefix(f"The {terms[0]}", terms[0], "templates") is None
     # the earlier default, kept for benchmarks: one English frame per term
     assert term_prompts(GERMAN, 2, style="templates")[2:4] == [TEMPLATES[1].format(term=GERMAN[1])] * 2
 
@@ -139,3 +144,23 @@ def test_a_term_that_makes_the_deciding_text_worse_is_removed(tiny_model_dir):
     assert any("'information' removed" in w and "give a corpus or examples of your text to keep it" in w for w in warnings)
     # the judging part decided nothing: it is measured with the kept term only, for the report
     assert chosen.report["judging"]["source"].endswith("judging part") and list(chosen.report["effects"]) == ["available"]
+
+
+def test_the_other_terms_of_a_list_prompt_are_not_trained_on(tiny_model_dir):
+    """A "list" prompt's other terms set the domain of what the base model writes, and are cut
+    from the context before training: every context starts at its own term."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from extension.tokenizer import extend_tokenizer
+    from extension.training import TrainConfig
+    from extension.training.term_contexts import terms_objective
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    terms = ["multiprogramming", "hypertext", "microprocessor"]
+    extended = extend_tokenizer(AutoTokenizer.from_pretrained(tiny_model_dir), terms)
+    built = terms_objective(model, extended, TrainConfig(steps=6, batch_size=2, seq_len=32), max_new_tokens=6)
+    texts = [extended.tokenizer.decode(c.student, skip_special_tokens=True) for c in built.contexts]
+    per_term = built.plan["per_term"]
+    assert per_term == 4 and len(texts) == 3 * per_term
+    for index, term in enumerate(terms):
+        assert all(text.lstrip().startswith(term) for text in texts[index * per_term:(index + 1) * per_term]), texts

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from .example_snippets import snippets_around, split_examples
 from .identity import run_identity
-from .term_prompts import term_prompts
+from .term_prompts import conditioning_prefix, term_prompts
 from ..rows.adapter import IGNORE_INDEX, RowsAdapter
 
 OBJECTIVES = ("distill", "lm")
@@ -119,11 +119,14 @@ def term_contexts(model, extended, *, per_term: int = 4, max_new_tokens: int = 6
 
 
 def cached_continuations(model, extended, prompts: list[str], *, max_new_tokens: int, seed: int,
-                         work_dir: Path | None = None, should_cancel=None, on_progress=None) -> list[str]:
+                         work_dir: Path | None = None, should_cancel=None, on_progress=None,
+                         drop: list[str | None] | None = None) -> list[str]:
     """continue_prompts, cached in work_dir so a resumed job trains on the very same texts (the
-    cache key holds the prompts and the base model's identity: another model's texts are never reused)."""
+    cache key holds the prompts and the base model's identity: another model's texts are never
+    reused). Each text loses its `drop[i]` prefix (term_prompts.conditioning_prefix) where it starts with it."""
+    drop = drop or [None] * len(prompts)
     key = hashlib.sha256(json.dumps(
-        [prompts, max_new_tokens, seed, extended.base_vocab_size, run_identity(model, extended)]
+        [prompts, drop, max_new_tokens, seed, extended.base_vocab_size, run_identity(model, extended)]
     ).encode()).hexdigest()
     cache = Path(work_dir) / CONTEXTS_FILE if work_dir else None
     if cache is not None and cache.exists():
@@ -132,6 +135,7 @@ def cached_continuations(model, extended, prompts: list[str], *, max_new_tokens:
             return saved["texts"]
     texts = continue_prompts(model, extended, prompts, max_new_tokens=max_new_tokens, seed=seed,
                              should_cancel=should_cancel, on_progress=on_progress)
+    texts = [text[len(prefix):] if prefix and text.startswith(prefix) else text for text, prefix in zip(texts, drop)]
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache.with_suffix(".tmp")
@@ -301,11 +305,13 @@ def terms_objective(model, extended, config, *, objective: str = "distill", per_
     plan = plan_contexts(extended, config, per_term=per_term, examples=examples, distilled_per_term=distilled_per_term)
     extra = (0 if plan.deciding_examples else 1) + (0 if plan.judging_examples else 1) if hold_out else 0
     needed = [plan.per_term - len(found) + extra for found in plan.snippets]
-    prompts = term_prompts([t.term for t in extended.terms], max(needed), style=style, seed=config.seed)
     width = max(needed)
-    wanted = [prompts[i * width + k] for i, count in enumerate(needed) for k in range(count)]
-    written = cached_continuations(model, extended, wanted, max_new_tokens=max_new_tokens, seed=config.seed,
-                                   work_dir=work_dir, should_cancel=should_cancel, on_progress=on_progress)
+    prompts = term_prompts([t.term for t in extended.terms], width, style=style, seed=config.seed)
+    chosen = [(prompts[i * width + k], term.term) for i, (term, count) in enumerate(zip(extended.terms, needed))
+              for k in range(count)]
+    written = cached_continuations(model, extended, [prompt for prompt, _ in chosen], max_new_tokens=max_new_tokens,
+                                   seed=config.seed, work_dir=work_dir, should_cancel=should_cancel, on_progress=on_progress,
+                                   drop=[conditioning_prefix(prompt, term, style) for prompt, term in chosen])
     # written texts come term by term, `needed[i]` each, in the cached order (a resumed job splits
     # them alike): the training fill first, then the deciding one, then the judging one
     train: list[str] = []

@@ -7,8 +7,12 @@ terms. Three styles (the option `term_prompts`):
 
 - "list": alternately the term after up to LIST_PREFIX other terms of the same list (chosen by the
   seed, joined the way the list's script writes a list: "a, b, c, term" or "甲、乙、丙、term"), which
-  sets the domain and language and shows the term mid-text, and the term alone at the start of
-  the text (Token Distillation's prompt: BOS + the term's original pieces).
+  sets the domain and language of what the base model writes, and the term alone at the start of
+  the text (Token Distillation's prompt: BOS + the term's original pieces). The other terms only
+  condition the writing: the text trained on starts at the term (conditioning_prefix), since a
+  list dense in new tokens teaches their head rows to expect them everywhere (measured in
+  benchmarks/results/terms_only_foldoc.md: the new tokens' share of probability on text far from
+  any of them cost more than the rows saved).
 - "term": always the term alone (Token Distillation's own recipe).
 - "templates": five English frames ("The {term}", "{term} is", ...), the earlier default, kept so
   benchmarks can run it beside the others; it puts English around a German or Chinese term.
@@ -71,3 +75,12 @@ def term_prompts(terms: list[str], per_term: int, *, style: str = "list", seed: 
                 chosen = random.Random(f"{seed}:{index}:{k}").sample(others, min(LIST_PREFIX, len(others)))
                 prompts.append(separator.join([*chosen, term]))
     return prompts
+
+
+def conditioning_prefix(prompt: str, term: str, style: str) -> str | None:
+    """The part of a "list" prompt before its term (the other terms and the separator after them,
+    its trailing space dropped so the term keeps its in-text form, " term"), which a context drops
+    once written; None where the whole prompt is kept."""
+    if style != "list" or prompt == term or not prompt.endswith(term):
+        return None
+    return prompt[: -len(term)].rstrip()
