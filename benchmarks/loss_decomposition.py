@@ -85,10 +85,25 @@ def decompose(model, extended, documents: list[str], base_scores: list) -> dict:
     return table
 
 
+def load_model(name: str):
+    """A built-in base model in fp32 and its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from extension.plan.models import ModelSources, resolve_model
+
+    path = resolve_model(name, ModelSources(cache_dir=REPO / ".cache")).path
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.requires_grad_(False)
+    return model, AutoTokenizer.from_pretrained(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--domain", choices=quality.DOMAINS, default="es")
     parser.add_argument("--terms", type=int, default=1000)
+    parser.add_argument("--model", choices=("smollm2-135m", "gemma3-270m"), default="smollm2-135m",
+                        help="the built-in base model (fp32)")
+    parser.add_argument("--lr-multiplier", type=float, help="the rows' learning-rate multiplier (default: the product's)")
     parser.add_argument("--steps", default="0,50", help="comma-separated training budgets (0 = the init)")
     parser.add_argument("--lr", default=str(TrainConfig().lr), help="comma-separated base learning rates")
     parser.add_argument("--eval-bytes", type=int, default=20_000)
@@ -98,7 +113,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    model, tokenizer = quality.load_base()
+    model, tokenizer = load_model(args.model)
     train_docs, test_docs = quality.domain_split(args.domain)
     documents, size = [], 0
     for doc in test_docs:
@@ -115,7 +130,8 @@ def main() -> None:
             if steps == 0 and any(r["steps"] == 0 for r in runs):
                 continue
             torch.manual_seed(0)
-            config = TrainConfig(steps=steps, lr=lr)
+            config = TrainConfig(steps=steps, lr=lr, **({"embedding_lr_multiplier": args.lr_multiplier}
+                                                        if args.lr_multiplier else {}))
             adapter = attach(model, extended.base_vocab_size,
                              subword_mean_rows(model, extended.new_tokens, extended.base_vocab_size))
             started = time.perf_counter()
@@ -137,9 +153,11 @@ def report(args, size: int, runs: list[dict]) -> str:
         "# Where the extended model loses bits: a decomposition by position",
         "",
         f"Command: `.venv/bin/python benchmarks/loss_decomposition.py --domain {args.domain} --steps {args.steps} "
-        f"--lr {args.lr} --eval-bytes {args.eval_bytes}`",
+        f"--lr {args.lr} --eval-bytes {args.eval_bytes}"
+        + ("" if args.model == "smollm2-135m" else f" --model {args.model} --terms {args.terms}")
+        + ("" if not args.lr_multiplier else f" --lr-multiplier {args.lr_multiplier:g}") + "`",
         "",
-        f"SmolLM2-135M, {args.terms} terms (quality.py's top-saving words of the {args.domain} train split), "
+        f"{'SmolLM2-135M' if args.model == 'smollm2-135m' else 'Gemma 3 270M'}, {args.terms} terms (quality.py's top-saving words of the {args.domain} train split), "
         f"{size:,} held-out bytes, each document scored from its start (up to {MAX_TOKENS} tokens). "
         "Nats: summed loss of the extended model at those positions vs the base model's summed loss over "
         "the same characters. New mass: mean probability on all new tokens together where the truth is old.",

@@ -18,6 +18,11 @@ With `--dtype bfloat16` the base model is a bf16 copy of the built-in checkpoint
 .cache/smollm2-135m-bf16), given to the product as a local folder: a CPU job runs in the dtype the
 weights are stored in, so the job (and its "before" scoring, the base row) runs in bf16 on the CPU,
 as the frozen model of a GPU worker's job does (its new rows stay fp32).
+`--model gemma3-270m` runs every system on the other built-in model (issue 41), its base loaded as
+a CPU job loads it. trainable_tokens runs at ours' budget (issue 37 item 7): the same steps, batch,
+sequence length and mined tokens, its frozen model in the job's compute dtype (bf16 on a CPU that
+computes it in hardware), so its percentages are against the base in that precision; `--peer-lr`
+sets its base learning rate for a sweep.
 One fortune / entry / file is one document. Every system is evaluated on the product's own test
 split (`extension.plan.corpus.split_of(doc) == "test"`), `--eval-bytes` of it spread over its documents as
 the product spreads its held-out text (extension.evaluation.metrics.document_cap), and on as many bytes of the
@@ -95,6 +100,8 @@ DEVICE_DEFAULTS = {o.name: dict(o.device_defaults) for o in OPTIONS if o.device_
 CPU_KIND = resolve_placement("cpu").defaults_kind
 DTYPES = ("float32", "bfloat16")
 BF16_COPY = "smollm2-135m-bf16"  # the folder under the cache holding the bf16 copy of the built-in model
+# The built-in models a run can take (--model; extension.plan.models.BUILTIN_MODELS), as the report names them.
+MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct", "gemma3-270m": "Gemma 3 270M"}
 
 
 # -- data -------------------------------------------------------------------------------------
@@ -151,9 +158,25 @@ def bf16_copy(cache: Path) -> Path:
     return target
 
 
-def base_model_of(dtype: str, cache: Path) -> str:
+def base_model_of(dtype: str, cache: Path, model: str = "smollm2-135m") -> str:
     """ExtendSpec.base_model for a run in `dtype`: the built-in name, or the bf16 copy's folder."""
-    return "smollm2-135m" if dtype == "float32" else str(bf16_copy(cache))
+    if dtype != "float32" and model != "smollm2-135m":
+        raise SystemExit("--dtype bfloat16 copies SmolLM2 only")
+    return model if dtype == "float32" else str(bf16_copy(cache))
+
+
+def load_builtin(model: str, cache: Path):
+    """A built-in base model and its tokenizer as a CPU job loads it: in the dtype the job's
+    frozen model computes in (bf16 on a CPU that computes it in hardware, precision 'auto')."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from extension.plan.models import ModelSources, resolve_model
+
+    path = resolve_model(model, ModelSources(cache_dir=cache)).path
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    loaded = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_placement("cpu").compute_dtype(torch.float32)).eval()
+    loaded.requires_grad_(False)
+    return loaded, tokenizer
 
 
 # -- systems ----------------------------------------------------------------------------------
@@ -190,38 +213,42 @@ def run_product(spec, cache: Path, log) -> tuple[dict | None, dict, float]:
             time.perf_counter() - started)
 
 
-def run_trainable_tokens(spec, test_docs: list[str], train_docs: list[str], eval_bytes: int) -> dict:
+def run_trainable_tokens(spec, test_docs: list[str], train_docs: list[str], eval_bytes: int, model_name: str,
+                         cache: Path, lr: float | None = None) -> dict:
+    """PEFT Trainable Tokens at ours' budget: the same steps, batch, sequence length, mined tokens
+    and compute dtype as the job (its base loaded as the job loads it); `lr`: its own base rate."""
     import peers
     from extension.evaluation import evaluate_model, load_general_text
     from extension.mining import mine_terms
     from extension.training.loop import TrainConfig
 
     torch.manual_seed(0)
-    model, tokenizer = quality.load_base()
+    model, tokenizer = load_builtin(model_name, cache)
     started = time.perf_counter()
     mined = mine_terms(tokenizer, spec.corpus_path, max_new_tokens=spec.max_new_tokens, min_frequency=spec.min_frequency,
                        mining_unit=spec.mining_unit)
     extended = mined.extended
     new_ids = [t.id for t in extended.new_tokens]
-    config = TrainConfig.from_spec(replace(spec, **defaults_for_device(spec, "cpu")))  # the CPU's time budget
+    config = TrainConfig.from_spec(replace(spec, **defaults_for_device(spec, "cpu"), **({"lr": lr} if lr else {})))
     peers.subword_mean(model, extended, pad_to_multiple_of=spec.pad_to_multiple_of)
     batches = quality.windows(extended.tokenizer, train_docs, extended.base_vocab_size, config, "sequential").batch
     model, history, warned = peers.trainable_tokens(model, new_ids, batches, config)
     seconds = time.perf_counter() - started
     metrics = evaluate_model(model, extended.tokenizer, test_docs, load_general_text(), new_token_ids=new_ids, max_bytes=eval_bytes)
     return {"metrics": metrics, "new_tokens": len(new_ids), "seconds": round(seconds, 1), "warnings": warned,
+            "lr": config.lr, "steps": config.steps, "dtype": str(model.dtype).replace("torch.", ""),
             "loss_first": history[0]["loss"] if history else None,
             "loss_last": sum(h["loss"] for h in history[-10:]) / max(1, len(history[-10:]))}
 
 
-def mined_term_list(spec, cache: Path) -> list[str]:
+def mined_term_list(spec, cache: Path, model: str = "smollm2-135m") -> list[str]:
     """The terms mining finds in the corpus (train split), as a user would type them."""
     from transformers import AutoTokenizer
 
     from extension.mining import mine_terms
     from extension.plan.models import ModelSources, resolve_model
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m", ModelSources(cache_dir=cache)).path)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model, ModelSources(cache_dir=cache)).path)
     mined = mine_terms(tokenizer, spec.corpus_path, max_new_tokens=spec.max_new_tokens, min_frequency=spec.min_frequency,
                        mining_unit=spec.mining_unit)
     terms: list[str] = []
@@ -251,7 +278,7 @@ def run_terms_only(spec, terms: list[str], test_docs: list[str], eval_bytes: int
             "seconds": round(seconds, 1), "stage_seconds": outcome["stage_seconds"], "held_out_contexts": comparison}
 
 
-def offered_tokens_per_byte(domain: str, eval_bytes: int, mining_unit: str, cache: Path) -> float:
+def offered_tokens_per_byte(domain: str, eval_bytes: int, mining_unit: str, cache: Path, model: str = "smollm2-135m") -> float:
     """Tokens per byte of the scored test text under the FULL mined tokenizer (every offered
     token), counted as extension.evaluation.metrics counts them: for runs with no system that keeps them all."""
     from transformers import AutoTokenizer
@@ -266,7 +293,7 @@ def offered_tokens_per_byte(domain: str, eval_bytes: int, mining_unit: str, cach
     try:
         corpus = work / f"{domain}.jsonl"
         corpus.write_text("".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs), encoding="utf-8")
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m", ModelSources(cache_dir=cache)).path)
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(model, ModelSources(cache_dir=cache)).path)
         mined = mine_terms(tokenizer, corpus, max_new_tokens=DEFAULTS["max_new_tokens"],
                            min_frequency=DEFAULTS["min_frequency"], mining_unit=mining_unit)
     finally:
@@ -278,13 +305,13 @@ def offered_tokens_per_byte(domain: str, eval_bytes: int, mining_unit: str, cach
     return tokens / sum(len(c.encode("utf-8")) for c in chunks)
 
 
-def evaluate_base(test_docs: list[str], eval_bytes: int, base_model: str) -> dict:
+def evaluate_base(test_docs: list[str], eval_bytes: int, base_model: str, cache: Path) -> dict:
     """The base scored here (when the product published nothing): the same checkpoint, loaded as
     the pipeline loads it on a CPU (in its stored dtype)."""
     from extension.evaluation import evaluate_model, load_general_text
 
-    if base_model == "smollm2-135m":
-        model, tokenizer = quality.load_base()
+    if base_model in MODELS:
+        model, tokenizer = load_builtin(base_model, cache)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -336,7 +363,7 @@ def _result(args, command: str, data: dict, base: dict | None, rows: list[dict],
     offered = next((r["metrics"]["domain"]["tokens_per_byte"] for r in rows if r["system"] == "trainable_tokens" and r["published"]), None)
     if offered is None:
         offered = next((r["metrics"]["domain"]["tokens_per_byte"] for r in rows if r["system"] == "ours_keep_all" and r["published"]), None)
-    return {"domain": args.domain, "command": command, "eval_bytes": args.eval_bytes, "steps": args.steps, "dtype": args.dtype,
+    return {"domain": args.domain, "model": args.model, "command": command, "eval_bytes": args.eval_bytes, "steps": args.steps, "dtype": args.dtype,
             "defaults": {**{k: DEFAULTS[k] for k in ("max_new_tokens", "min_frequency", "batch_size", "seq_len", "lr",
                                                       "embedding_lr_multiplier", "selection", "mining_unit")},
                          "steps": BY_NAME["steps"].default_on(CPU_KIND)},
@@ -376,6 +403,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--domain", choices=list(DOMAINS))
+    parser.add_argument("--model", choices=list(MODELS), default="smollm2-135m", help="the built-in base model")
+    parser.add_argument("--peer-lr", type=float, help="trainable_tokens' base learning rate (default: the product's)")
     parser.add_argument("--systems", default="ours,trainable_tokens", help=f"comma-separated, from {', '.join(SYSTEMS)}")
     parser.add_argument("--eval-bytes", type=int, default=20_000,
                         help="test-split bytes scored, and general-English bytes (product default 50000)")
@@ -403,7 +432,8 @@ def main() -> None:
             # an ours-only run: count what the full mined tokenizer offers on the same test text
             cache = Path(os.environ.get("TIDE_TEST_CACHE") or REPO / ".cache")
             result["offered_tokens_per_byte"] = offered_tokens_per_byte(
-                result["domain"], result["eval_bytes"], result.get("mining_unit", DEFAULTS["mining_unit"]), cache)
+                result["domain"], result["eval_bytes"], result.get("mining_unit", DEFAULTS["mining_unit"]), cache,
+                result.get("model", "smollm2-135m"))
             args.report.write_text(json.dumps(result, indent=1, ensure_ascii=False))
         args.report.with_suffix(".md").write_text(report(result))
         return
@@ -444,7 +474,7 @@ def main() -> None:
         docs = docs[:args.max_docs]
     splits, data = split_sizes(docs)
     log(f"{data}")
-    base_model = base_model_of(args.dtype, cache)
+    base_model = base_model_of(args.dtype, cache, args.model)
     log(f"base model {base_model} ({args.dtype})")
     rows: list[dict] = []
     base: dict | None = None
@@ -476,7 +506,7 @@ def main() -> None:
             save(out, {**_result(args, command, data, base, rows, started),
                        "unfinished": [n for n in systems if n not in {r["system"] for r in rows}]})
         for name in [n for n in systems if n == "terms_only" or n.startswith("terms_only:")]:
-            terms = mined_term_list(spec, cache)
+            terms = mined_term_list(spec, cache, args.model)
             log(f"{name}: {len(terms)} mined terms as a term list ...")
             init = {"init": name.split(":", 1)[1]} if ":" in name else {}
             spec_terms = replace(spec, out_dir=str(work / name.replace(":", "_")), **init)
@@ -484,12 +514,12 @@ def main() -> None:
             log(f"{name} done in {rows[-1]['seconds']:.0f}s")
         if base is None:
             log("base ...")
-            base = evaluate_base(splits["test"], args.eval_bytes, base_model)
+            base = evaluate_base(splits["test"], args.eval_bytes, base_model, cache)
         if "trainable_tokens" in systems:
             log("trainable_tokens ...")
             save(out, _result(args, command, data, base, rows, started))
             try:
-                tt = run_trainable_tokens(spec, splits["test"], splits["train"], args.eval_bytes)
+                tt = run_trainable_tokens(spec, splits["test"], splits["train"], args.eval_bytes, args.model, cache, args.peer_lr)
                 rows.append({"system": "trainable_tokens", "published": True, **tt})
                 log(f"trainable_tokens done in {tt['seconds']:.0f}s")
             except Exception as exc:  # recorded, so ours' numbers survive a peer's failure
@@ -499,7 +529,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     result = _result(args, command, data, base, rows, started)
     if result["offered_tokens_per_byte"] is None and _offered_by_ours(rows) is None:
-        result["offered_tokens_per_byte"] = offered_tokens_per_byte(args.domain, args.eval_bytes, args.mining_unit, cache)
+        result["offered_tokens_per_byte"] = offered_tokens_per_byte(args.domain, args.eval_bytes, args.mining_unit, cache, args.model)
     save(out, result)
     log(f"wrote {out}")
 
@@ -531,7 +561,7 @@ def from_job(args) -> dict:
     result = {**_result(args, command, data, metrics["before"], [row], time.time()), "stopped_run": args.run_command}
     cache = Path(os.environ.get("TIDE_TEST_CACHE") or REPO / ".cache")
     if _offered_by_ours(result["rows"]) is None:
-        result["offered_tokens_per_byte"] = offered_tokens_per_byte(args.domain, args.eval_bytes, args.mining_unit, cache)
+        result["offered_tokens_per_byte"] = offered_tokens_per_byte(args.domain, args.eval_bytes, args.mining_unit, cache, args.model)
     return result
 
 
@@ -636,10 +666,12 @@ def report(result: dict) -> str:
     d = result["defaults"]
     device = _steps_default_of(result)
     dtype = result.get("dtype", "float32")  # runs before --dtype existed: fp32
+    label = MODELS[result.get("model", "smollm2-135m")]  # runs before --model existed: SmolLM2
     lines = [
         f"# Quality at the product's {device + ' ' if device else ''}defaults"
         f"{'' if device else ', but ' + str(result['steps']) + ' steps'}: {DOMAINS[domain]} (issue 11)"
-        + ("" if dtype == "float32" else f", base model in {dtype}"),
+        + ("" if dtype == "float32" else f", base model in {dtype}")
+        + ("" if label == MODELS["smollm2-135m"] else f", {label}"),
         "",
         (f"Command: `{result['stopped_run']}`, stopped after its first job; its published folder read by "
          f"`{result['command']}`." if result.get("stopped_run") else
@@ -662,10 +694,10 @@ def report(result: dict) -> str:
         f"{result['data']['documents']['validation']:,} / {result['data']['documents']['test']:,} "
         f"({result['data']['bytes']['train']:,} / {result['data']['bytes']['validation']:,} / "
         f"{result['data']['bytes']['test']:,} bytes), split by the product's hash (extension.plan.corpus.split_of). "
-        + (("Model: SmolLM2-135M-Instruct, fp32, CPU. " if result.get("cpu_kind", "cpu") == "cpu" else
-            "Model: SmolLM2-135M-Instruct, fp32 checkpoint computed in bf16 (precision 'auto' on this CPU, which "
+        + ((f"Model: {label}, fp32, CPU. " if result.get("cpu_kind", "cpu") == "cpu" else
+            f"Model: {label}, fp32 checkpoint computed in bf16 (precision 'auto' on this CPU, which "
             "computes bf16 in hardware; the new rows train in fp32; composed_start: fp32), CPU. ") if dtype == "float32" else
-           f"Model: SmolLM2-135M-Instruct, {dtype} (a {dtype} copy of the built-in checkpoint, given to the job as a "
+           f"Model: {label}, {dtype} (a {dtype} copy of the built-in checkpoint, given to the job as a "
            f"local folder: the job and its \"before\" scoring run in {dtype}; the new rows train in fp32), CPU. ")
         + f"Product defaults: up to {d['max_new_tokens']} mined tokens "
         f"(min frequency {d['min_frequency']}, mining unit {result.get('mining_unit', d.get('mining_unit', 'pairs'))!r}"
@@ -734,7 +766,8 @@ def report(result: dict) -> str:
                 notes.append(f"the job's own held-out contexts: {held['before']:.4f} -> {held['after']:.4f} bits/byte"
                              + (" (the job says: worse than the base)" if held["after"] > held["before"] else ""))
         if r["system"] == "trainable_tokens":
-            notes.append(f"train loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}")
+            notes.append(f"train loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}"
+                         + (f"; {r['steps']} steps, lr {r['lr']:g}, frozen model in {r['dtype']}" if r.get("lr") else ""))
         new_tokens = r.get("new_tokens") if r["published"] else 0
         lines.append(
             f"| {r['system']} | {dom:.4f} ({_pct(dom, bd['bits_per_byte'])}) | {gen:.4f} ({_pct(gen, bg['bits_per_byte'])}) | "
