@@ -219,3 +219,29 @@ def test_mamba_at_bf16_trains_its_rows_against_its_own_loss():
         own = merged(input_ids=ids).logits[..., : BASE_VOCAB + NEW].float()
     reference = F.cross_entropy(own.reshape(-1, own.shape[-1]), targets.reshape(-1))
     assert float(loss) == pytest.approx(float(reference), rel=1e-2)
+
+
+def test_a_softcap_the_config_will_not_set_to_none_is_still_turned_off_and_restored():
+    """Gemma 3n's config validates final_logit_softcapping as a float (huggingface_hub's strict
+    dataclass error, neither ValueError nor TypeError); before, disable_in raised it and every
+    trained Gemma 3n job crashed (issue 40 item 1)."""
+    from transformers import Gemma3nForCausalLM, Gemma3nTextConfig
+
+    config = Gemma3nTextConfig(vocab_size=256, vocab_size_per_layer_input=256, hidden_size=32,
+                               hidden_size_per_layer_input=4, num_hidden_layers=2, intermediate_size=[64, 64],
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                               layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0,
+                               laurel_rank=4, altup_num_inputs=2, final_logit_softcapping=3.0)
+    torch.manual_seed(0)
+    model = Gemma3nForCausalLM(config).eval()
+    transform = LogitTransform.from_model(model)
+    assert transform.softcap == 3.0
+    saved = transform.disable_in(model)
+    assert model.config.final_logit_softcapping is None
+    ids = torch.tensor([[1, 5, 9, 17]])
+    with torch.no_grad():
+        raw = model(ids).logits
+        LogitTransform.restore(saved)
+        capped = model(ids).logits
+    assert model.config.final_logit_softcapping == 3.0
+    torch.testing.assert_close(capped, transform(raw))

@@ -150,3 +150,18 @@ def test_parameters_come_from_the_files_when_the_architecture_cannot_be_built(ti
     monkeypatch.setattr(memory_plan, "count_parameters", cannot)
     assert memory_plan.estimate_parameters(config, tiny_model_dir) == built  # tied: stored once in the file
     assert memory_plan.estimate_parameters(config, None) > 0  # the formula, from the config's sizes
+
+
+def test_a_per_layer_intermediate_size_is_planned_at_its_largest_layer():
+    """Gemma 3n stores intermediate_size as one value per layer (issue 40 item 1); before, int() of
+    the list raised TypeError before any weights were read."""
+    from transformers import Gemma3nTextConfig
+
+    config = Gemma3nTextConfig(vocab_size=512, vocab_size_per_layer_input=512, hidden_size=64,
+                               hidden_size_per_layer_input=8, num_hidden_layers=2, intermediate_size=[96, 128],
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                               layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0,
+                               laurel_rank=8, altup_num_inputs=4)
+    plan = plan_job(config, placement=CPU, dtype=torch.float32, batch_size=2, seq_len=16, steps=2, new_rows=4,
+                    parameters=1000, available=GIB)
+    assert "8 + 4 x intermediate/hidden" in plan.notes[0] and "16.0" in plan.notes[0]  # 8 + 4 * 128 / 64

@@ -116,8 +116,14 @@ def estimate_parameters(config, model_path=None) -> int:
         return total
     text = _text_config(config)
     hidden, layers = int(text.hidden_size), int(text.num_hidden_layers)
-    inner = int(getattr(text, "intermediate_size", None) or 4 * hidden)
+    inner = _intermediate_size(text, hidden)
     return layers * (4 * hidden * hidden + 3 * hidden * inner) + 2 * int(text.vocab_size) * hidden
+
+
+def _intermediate_size(text, hidden: int) -> int:
+    """The MLP width; Gemma 3n keeps one per layer, and the widest layer bounds the activations."""
+    inner = getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden
+    return int(max(inner)) if isinstance(inner, (list, tuple)) else int(inner)
 
 
 def _element_size(dtype: torch.dtype) -> int:
@@ -132,7 +138,7 @@ def plan_job(config, *, placement: Placement, dtype: torch.dtype, batch_size: in
     text = _text_config(config)
     hidden = int(getattr(text, "hidden_size", None) or getattr(text, "n_embd"))
     layers = int(getattr(text, "num_hidden_layers", None) or getattr(text, "n_layer"))
-    inner = int(getattr(text, "intermediate_size", None) or getattr(text, "n_inner", None) or 4 * hidden)
+    inner = _intermediate_size(text, hidden)
     vocab = int(getattr(text, "vocab_size"))
     tied = bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", True)))
     element = _element_size(dtype)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from huggingface_hub.errors import StrictDataclassError
 
 from ..errors import UnsupportedModelError
 
@@ -111,7 +112,9 @@ class LogitTransform:
 def _set(holder, name: str, value) -> None:
     try:
         setattr(holder, name, value)
-    except (ValueError, TypeError):  # a config that validates its fields: skip validation, as loading does
+    except (ValueError, TypeError, StrictDataclassError):
+        # a config that validates its fields (Gemma 3n's wants a float softcap, never None): skip
+        # the validation, as loading a checkpoint does
         holder.__dict__[name] = value
 
 
