@@ -55,3 +55,13 @@ def test_asking_for_more_than_are_free_says_how_many_are(gemma_json):
         take_reserved(free, 5, base_model="gemma3-270m")
     with pytest.raises(InvalidOptionError, match="no free reserved tokens"):
         take_reserved([], 1, base_model="smollm2-135m")
+
+
+def test_llama3_reserves_its_251_reserved_special_tokens(model_sources):
+    from tests.model_families import family_tokenizer_dir
+
+    tokenizer_json = json.loads((family_tokenizer_dir("llama3-original", model_sources) / "tokenizer.json").read_text())
+    free = free_reserved_tokens(tokenizer_json)
+    assert len(free) == 251
+    assert (free[0].id, free[0].content) == (128002, "<|reserved_special_token_0|>")
+    assert (free[-1].id, free[-1].content) == (128255, "<|reserved_special_token_250|>")
