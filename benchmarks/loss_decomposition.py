@@ -154,7 +154,8 @@ def report(args, size: int, runs: list[dict]) -> str:
         "",
         f"Command: `.venv/bin/python benchmarks/loss_decomposition.py --domain {args.domain} --steps {args.steps} "
         f"--lr {args.lr} --eval-bytes {args.eval_bytes}"
-        + ("" if args.model == "smollm2-135m" else f" --model {args.model} --terms {args.terms}")
+        + ("" if args.model == "smollm2-135m" else f" --model {args.model}")
+        + ("" if args.terms == 1000 else f" --terms {args.terms}")
         + ("" if not args.lr_multiplier else f" --lr-multiplier {args.lr_multiplier:g}") + "`",
         "",
         f"{'SmolLM2-135M' if args.model == 'smollm2-135m' else 'Gemma 3 270M'}, {args.terms} terms (quality.py's top-saving words of the {args.domain} train split), "
