@@ -107,3 +107,67 @@ def test_a_class_no_auto_class_loads_is_refused_naming_it(llava_dir, cli_env, tm
                  "--out", str(out)]) == 2
     assert "T5ForConditionalGeneration" in capsys.readouterr().err
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["base", "terms.txt"]
+
+
+def build_qwen2_vl(folder: Path, model_sources=None) -> Path:
+    """A tiny random Qwen2-VL with Qwen 2's tokenizer and its vision tokens. No processor is saved:
+    Qwen2VLProcessor needs torchvision (its video processor), and the only torchvision wheel on
+    these machines is a CUDA build that cannot load beside the CPU torch; the image input is built
+    here the way the processor builds it (patches of 3 x 2 x 14 x 14, one <|image_pad|> per 2 x 2)."""
+    from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    tokenizer = AutoTokenizer.from_pretrained(family_tokenizer_dir("qwen2", model_sources))
+    vision_tokens = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": vision_tokens})
+    start, end, image, video = tokenizer.convert_tokens_to_ids(vision_tokens)
+    text = dict(vocab_size=len(tokenizer) + 64 - len(tokenizer) % 64, hidden_size=32, intermediate_size=64,
+                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                rope_scaling={"type": "mrope", "mrope_section": [1, 1, 2]})
+    vision = dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, mlp_ratio=2, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, vision_start_token_id=start,
+                           vision_end_token_id=end, image_token_id=image, video_token_id=video,
+                           tie_word_embeddings=False)
+    torch.manual_seed(0)
+    Qwen2VLForConditionalGeneration(config).eval().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_qwen2_vl_is_extended_with_its_vision_tower_untouched(cli_env, tmp_path, model_sources):
+    """Issue 40 item 3: before, `tide extend` refused Qwen2-VL with a raw traceback and exit 1
+    (no AutoModelForCausalLM mapping)."""
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    base_dir = build_qwen2_vl(tmp_path / "base", model_sources)
+    out = tmp_path / "out"
+    assert main(["extend", "--base-model", str(base_dir), "--terms", str(_terms(tmp_path)), "--steps", "0",
+                 "--eval-bytes", "1000", "--out", str(out)]) == 0
+    base = AutoModelForImageTextToText.from_pretrained(base_dir)
+    model = AutoModelForImageTextToText.from_pretrained(out)
+    assert type(model).__name__ == "Qwen2VLForConditionalGeneration"
+    rows = base.get_input_embeddings().weight.shape[0]
+    assert torch.equal(model.get_input_embeddings().weight[:rows], base.get_input_embeddings().weight)
+    assert torch.equal(model.get_output_embeddings().weight[:rows], base.get_output_embeddings().weight)
+    base_vision = {k: v for k, v in base.state_dict().items() if "visual" in k}
+    vision = {k: v for k, v in model.state_dict().items() if "visual" in k}
+    assert base_vision and vision.keys() == base_vision.keys()
+    assert all(torch.equal(vision[k], base_vision[k]) for k in vision)
+    for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
+        assert getattr(model.config, name) == getattr(base.config, name), name
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    inputs = tokenizer("<|vision_start|>" + "<|image_pad|>" * 4 + "<|vision_end|> The immunohistochemistry of "
+                       "ciprofloxacin.", return_tensors="pt")
+    new_ids = [t["id"] for t in json.loads((out / "tide_extension.json").read_text())["new_tokens"]]
+    assert set(new_ids) & set(inputs["input_ids"][0].tolist())
+    torch.manual_seed(1)
+    with torch.no_grad():  # one 4 x 4 grid of patches, merged 2 x 2 into the four <|image_pad|> tokens
+        logits = model(**inputs, pixel_values=torch.randn(16, 3 * 2 * 14 * 14), image_grid_thw=torch.tensor([[1, 4, 4]]),
+                       mm_token_type_ids=(inputs["input_ids"] == model.config.image_token_id).long()).logits
+    assert torch.isfinite(logits).all()
+    plain = tokenizer("The quick brown fox.", return_tensors="pt")
+    with torch.no_grad():
+        before = base(**plain).logits
+        after = model(**plain).logits[..., : before.shape[-1]]
+    assert torch.allclose(before, after, atol=1e-5)
