@@ -171,3 +171,61 @@ def test_qwen2_vl_is_extended_with_its_vision_tower_untouched(cli_env, tmp_path,
         before = base(**plain).logits
         after = model(**plain).logits[..., : before.shape[-1]]
     assert torch.allclose(before, after, atol=1e-5)
+
+
+def build_gemma3_multimodal(folder: Path, tokenizer_dir: Path) -> Path:
+    """A tiny random Gemma 3 (4B+ layout: Gemma3ForConditionalGeneration, SigLIP tower, 262,208-row
+    text vocab holding <image_soft_token>) with the real Gemma 3 tokenizer and a Gemma3Processor."""
+    from transformers import AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration, Gemma3ImageProcessor, Gemma3Processor
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, extra_special_tokens={
+        "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"})
+    text = dict(vocab_size=262208, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, sliding_window=16, max_position_embeddings=512)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                          image_token_index=tokenizer.convert_tokens_to_ids("<image_soft_token>"),
+                          boi_token_index=tokenizer.convert_tokens_to_ids("<start_of_image>"),
+                          eoi_token_index=tokenizer.convert_tokens_to_ids("<end_of_image>"))
+    torch.manual_seed(0)
+    Gemma3ForConditionalGeneration(config).eval().save_pretrained(folder)
+    Gemma3Processor(image_processor=Gemma3ImageProcessor(size={"height": 28, "width": 28}), tokenizer=tokenizer,
+                    image_seq_length=4, chat_template="{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                    ).save_pretrained(folder)
+    return folder
+
+
+def test_gemma3_multimodal_keeps_its_processor(cli_env, tmp_path, gemma3_tokenizer_path):
+    """Issue 40 item 3: AutoProcessor loads the published Gemma 3 folder (processor config and
+    chat template carried over) and image + text with the new tokens runs."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    base_dir = build_gemma3_multimodal(tmp_path / "base", gemma3_tokenizer_path)
+    out = tmp_path / "out"
+    assert main(["extend", "--base-model", str(base_dir), "--terms", str(_terms(tmp_path)), "--steps", "0",
+                 "--eval-bytes", "1000", "--out", str(out)]) == 0
+    for name in ("processor_config.json", "preprocessor_config.json", "chat_template.jinja", "chat_template.json"):
+        assert (out / name).exists() == (base_dir / name).exists(), name
+    base = AutoModelForImageTextToText.from_pretrained(base_dir)
+    model = AutoModelForImageTextToText.from_pretrained(out)
+    processor = AutoProcessor.from_pretrained(out)
+    assert type(processor).__name__ == "Gemma3Processor"
+    rows = base.get_input_embeddings().weight.shape[0]
+    assert torch.equal(model.get_input_embeddings().weight[:rows], base.get_input_embeddings().weight)
+    base_vision = {k: v for k, v in base.state_dict().items() if "vision" in k or "projector" in k}
+    vision = {k: v for k, v in model.state_dict().items() if "vision" in k or "projector" in k}
+    assert base_vision and vision.keys() == base_vision.keys()
+    assert all(torch.equal(vision[k], base_vision[k]) for k in vision)
+
+    inputs = processor(text="<start_of_image> The immunohistochemistry of ciprofloxacin.",
+                       images=torch.zeros(3, 28, 28, dtype=torch.uint8), return_tensors="pt")
+    new_ids = [t["id"] for t in json.loads((out / "tide_extension.json").read_text())["new_tokens"]]
+    assert set(new_ids) & set(inputs["input_ids"][0].tolist())
+    with torch.no_grad():
+        assert torch.isfinite(model(**inputs).logits).all()
+    plain = processor.tokenizer("The quick brown fox.", return_tensors="pt")
+    with torch.no_grad():
+        before = base(**plain).logits
+        after = model(**plain).logits[..., : before.shape[-1]]
+    assert torch.allclose(before, after, atol=1e-5)
