@@ -236,8 +236,12 @@ def test_removed_terms_are_offered_back_least_harmful_per_use_first_and_stay_onl
     per_use = {victim: 900.0, terms[1]: 1.0, terms[2]: 3.0}
     removed = [{"term": name, "round": 1, "reason": "costs", "occurrences": 2, "net_bits": 2 * per_use[name]} for name in terms[:3]]
     removed.append({"term": "never seen", "round": 1, "reason": "never used", "occurrences": 0, "net_bits": -1.0})
+    from extension.selection.terms import _score
+
+    decide, judge = validation.folds()
+    passing = _score(smollm2, current, current_rows, validation, 64, decide, judge)[1].bits_per_byte
     chosen = Selection(current, current_rows, index, [dict(entry) for entry in removed],
-                       [{"round": 1, "new_tokens": len(extended.new_tokens)}])
+                       [{"round": 1, "new_tokens": len(extended.new_tokens), "bits_per_byte": passing}])
     before = (chosen.extended, chosen.rows, list(chosen.kept_index))
 
     restore_units(chosen, smollm2, extended, rows, validation, units=units, kept_units=kept_units, rebuild=rebuild,
@@ -245,14 +249,14 @@ def test_removed_terms_are_offered_back_least_harmful_per_use_first_and_stay_onl
 
     # batches halve (2 of the 3 used units, then 1), the least harmful per use first; never-used units are not offered
     assert [t["offered"] for t in chosen.restores][:2] == [2, 1]
-    decide, judge = validation.folds()
     base_decide, base_judge = validation.base_fold(decide), validation.base_fold(judge)
     back: list[str] = []
     for number, attempt in enumerate(chosen.restores):
         assert attempt["base_bits_per_byte"] == pytest.approx(base_judge.bits_per_byte)
         assert attempt["decided_on_base_bits_per_byte"] == pytest.approx(base_decide.bits_per_byte)
         verdict = (attempt["bits_per_byte"] + attempt["margin_bits_per_byte"] <= attempt["base_bits_per_byte"]
-                   and attempt["decided_on_bits_per_byte"] <= attempt["decided_on_base_bits_per_byte"])
+                   and attempt["decided_on_bits_per_byte"] <= attempt["decided_on_base_bits_per_byte"]
+                   and attempt["bits_per_byte"] <= passing * (1 + attempt["tolerance"]))
         assert attempt["kept"] == verdict
         if attempt["kept"]:
             back += [terms[1], terms[2]][len(back):len(back) + attempt["offered"]]
@@ -281,6 +285,17 @@ def test_the_selection_sentence_counts_the_terms_brought_back():
                                "of them brought back, as the model stayed below the base model with them)")
     # the saving is the published tokens' (the kept batch), not the refused batch's
     assert "the validation text is 13.5% shorter in tokens where all 300 would have made it 18.9% shorter" in sentence
+
+
+def test_the_selection_sentence_states_what_the_kept_restores_traded_in_bits_and_tokens():
+    """Issue 37 item 3: a restore buys length with bits; the summary says how many of each."""
+    rounds = [{"new_tokens": 300, "tokens_per_byte": 0.30, "base_tokens_per_byte": 0.37, "bits_per_byte": 1.53},
+              {"new_tokens": 207, "tokens_per_byte": 0.33, "base_tokens_per_byte": 0.37, "bits_per_byte": 1.5024}]
+    restores = [{"offered": 47, "kept": True, "tokens_per_byte": 0.32, "bits_per_byte": 1.5208},
+                {"offered": 23, "kept": True, "tokens_per_byte": 0.3168, "bits_per_byte": 1.5269}]
+    sentence = selection_sentence({"selection": {"rounds": rounds, "restores": restores, "kept": 277}})
+    assert ("Bringing them back changed the judging half of the validation text by +0.0245 bits per byte "
+            "(1.5024 -> 1.5269) for 4.0% fewer tokens.") in sentence
 
 
 # --- through the door: best step 0 publishes the init; the report says what happened ----------
@@ -485,3 +500,42 @@ def test_a_harmful_unit_whose_removal_would_leave_an_intermediate_in_its_place_s
     alone = {**effects, unrelated.name: UnitEffect(occurrences=2, net_bits=-3.0, leak_bits=0.0)}
     _, kept, gone = choose_removals(units, alone, rebuild, current=current)
     assert set(gone) == {built.name}
+
+
+def test_a_restore_that_reads_worse_than_the_passing_selection_beyond_the_tolerance_is_refused(monkeypatch):
+    """Issue 37 item 3: a restore try below the base but worse than the selection that passed
+    (Chinese: 1.5024 -> 1.5208 -> 1.5269 bits per byte over kept restores) is refused beyond
+    restore_tolerance, a fraction of the passing selection's judging score."""
+    from types import SimpleNamespace
+
+    from extension.selection import terms
+    from extension.selection.terms import Selection, Unit, restore_units
+
+    fold = SimpleNamespace
+    passing, base = 1.5024, 1.60
+    # the try reads 1.5208 on the judging half: below the base by far, 1.2% above the passing selection
+    monkeypatch.setattr(terms, "_score", lambda *a, **k: (fold(bits_per_byte=1.50, tokens=90, bytes=300),
+                                                          fold(bits_per_byte=1.5208, tokens=90, bytes=300)))
+    monkeypatch.setattr(terms, "carry_rows", lambda *a, **k: ("rows", [0, 1]))
+    monkeypatch.setattr(terms, "standard_error", lambda *a: 0.01)
+    monkeypatch.setattr(terms, "token_effects", lambda *a, **k: [])
+    monkeypatch.setattr(terms, "unexplained_bits_per_use", lambda *a: 0.0)
+    monkeypatch.setattr(terms, "_unit_effects", lambda *a: {})
+    validation = SimpleNamespace(folds=lambda: ([0], [1]), base=fold(tokens=100, bytes=300),
+                                 base_fold=lambda f: fold(bits_per_byte=base, tokens=100, bytes=300))
+    kept_unit, gone_unit = Unit("kept", ("a",)), Unit("gone", ("b",))
+    rebuilt = SimpleNamespace(new_tokens=[SimpleNamespace(token="a"), SimpleNamespace(token="b")], base_vocab_size=10)
+
+    def attempt(tolerance: float) -> Selection:
+        chosen = Selection("passing", "passing rows", [0], [{"term": "gone", "occurrences": 3, "net_bits": 1.0}],
+                           [{"round": 1, "bits_per_byte": passing}])
+        restore_units(chosen, None, None, None, validation, units=[kept_unit, gone_unit], kept_units=[kept_unit],
+                      rebuild=lambda units: rebuilt, pad_to_multiple_of=64, tries=1, tolerance=tolerance)
+        return chosen
+
+    refused = attempt(0.0)
+    assert [r["kept"] for r in refused.restores] == [False]
+    assert refused.extended == "passing" and [e["term"] for e in refused.removed] == ["gone"]
+    assert refused.restores[0]["passing_bits_per_byte"] == passing
+    within = attempt(0.02)  # 1.2% worse is within 2%
+    assert [r["kept"] for r in within.restores] == [True] and within.extended is rebuilt and within.removed == []

@@ -123,7 +123,19 @@ def selection_sentence(metrics: dict, *, style: str = "cli") -> str | None:
                   f"{offered_saving:.1%} shorter")
         if offered_saving > 0:
             words += f", so {max(0.0, 1 - kept_saving / offered_saving):.0%} of the saving was given up"
-    return words + "." + _harmful_kept(selection) + _keep_more(metrics, style=style)
+    return words + "." + _restore_trade(rounds[-1], restored) + _harmful_kept(selection) + _keep_more(metrics, style=style)
+
+
+def _restore_trade(passing: dict, restored: list[dict]) -> str:
+    """' Bringing them back cost X bits per byte ... for Y% fewer tokens ...': what the kept
+    restores traded (the judging half's bits per byte for length), else ''."""
+    if not restored or "bits_per_byte" not in passing or "tokens_per_byte" not in passing:
+        return ""
+    last = restored[-1]
+    change = last["bits_per_byte"] - passing["bits_per_byte"]
+    shorter = 1 - last["tokens_per_byte"] / passing["tokens_per_byte"]
+    return (f" Bringing them back changed the judging half of the validation text by {change:+.4f} bits per byte "
+            f"({passing['bits_per_byte']:.4f} -> {last['bits_per_byte']:.4f}) for {shorter:.1%} fewer tokens.")
 
 
 def _harmful_kept(selection: dict) -> str:

@@ -70,7 +70,7 @@ def _select(spec, model, tokenizer, chosen: Chosen, validation, units, initializ
     started = time.perf_counter()
     selection = select_terms(model, extended, chosen.rows, validation, units=units, rebuild=rebuild,
                              pad_to_multiple_of=spec.pad_to_multiple_of, should_cancel=callbacks.should_cancel,
-                             initial_rows=initializer)
+                             initial_rows=initializer, restore_tolerance=spec.restore_tolerance)
     chosen.report.update(selection.to_json(), terms_seconds=round(time.perf_counter() - started, 3))
     if selection.extended is None and spec.corpus_path is None:
         first, last = selection.rounds[0], selection.rounds[-1]

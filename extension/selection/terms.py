@@ -16,7 +16,10 @@ each kept token's trained rows over by its vocabulary string, and score again.
 A round that removes every harmful unit at once overshoots: the attribution cannot tell the
 units that cost little per use from those that cost much once they are all gone. So once the
 verdict passes, the removed units are offered back (restore_units), least harmful per use first,
-in halving batches, each kept only where the model stays below the base on both halves.
+in halving batches, each kept only where the model stays below the base on both halves and the
+judging half reads at most `restore_tolerance` (a fraction) above the selection that passed: a
+restore buys length with bits, and below the base alone let Chinese drift 1.5024 -> 1.5208 ->
+1.5269 bits per byte over its kept restores.
 
 A unit's net effect is what the attribution places on its tokens plus, per use, an even share of
 the change it cannot place (`unexplained_bits_per_use`). Which units go in a round:
@@ -35,6 +38,7 @@ from ..errors import JobCancelled
 from ..rows.init import NewRows, RowInitializer
 from ..rows.adapter import attach
 from .attribution import TokenEffect, token_effects
+from ..plan.options import DEFAULTS
 from .plan import MAX_RESTORE_TRIES, MAX_SELECTION_ROUNDS, ROUNDS_REMOVING_ALL_HARMFUL
 from .validation import ValidationSet
 
@@ -66,7 +70,8 @@ class Selection:
 def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, units: list[Unit],
                  rebuild: Callable[[list[Unit]], object], pad_to_multiple_of: int,
                  max_rounds: int = MAX_SELECTION_ROUNDS, should_cancel: Callable[[], bool] | None = None,
-                 initial_rows: RowInitializer | None = None, restore_tries: int = MAX_RESTORE_TRIES) -> Selection:
+                 initial_rows: RowInitializer | None = None, restore_tries: int = MAX_RESTORE_TRIES,
+                 restore_tolerance: float = DEFAULTS["restore_tolerance"]) -> Selection:
     current, current_rows = extended, rows
     kept_units = list(units)
     kept_index = list(range(len(extended.new_tokens)))
@@ -87,7 +92,7 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
             if removed and restore_tries:
                 restore_units(chosen, model, extended, rows, validation, units=units, kept_units=kept_units,
                               rebuild=rebuild, pad_to_multiple_of=pad_to_multiple_of, tries=restore_tries,
-                              should_cancel=should_cancel, initial_rows=initial_rows)
+                              should_cancel=should_cancel, initial_rows=initial_rows, tolerance=restore_tolerance)
             return chosen
         if should_cancel is not None and should_cancel():
             # A stop, not a verdict: returning "nothing kept" here would fail the job as if no
@@ -116,13 +121,19 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
 def restore_units(chosen: Selection, model, original, original_rows: NewRows, validation: ValidationSet, *,
                   units: list[Unit], kept_units: list[Unit], rebuild: Callable[[list[Unit]], object], pad_to_multiple_of: int,
                   tries: int, should_cancel: Callable[[], bool] | None = None,
-                  initial_rows: RowInitializer | None = None) -> None:
+                  initial_rows: RowInitializer | None = None, tolerance: float = DEFAULTS["restore_tolerance"]) -> None:
     """Offer removed units back to a `chosen` selection that passed, in place. Least harmful per
     use first (by the effect measured when each was removed), the first half of them, then half
     as many each try, at most `tries` scorings. A batch stays where the judging half is still
     below the base by its margin and the deciding half is not above the base: the same verdict
     as a removal round's, plus the half the batch was ranked on, so a batch that only the judging
-    half liked does not stay. Restored tokens get their trained rows back by vocabulary string."""
+    half liked does not stay, and the judging half must read at most `tolerance` (a fraction of it)
+    above the selection that passed (its last round): below the base alone let each restore trade
+    bits for length. Each try records how far above the passing selection it read. Restored
+    tokens get their trained rows back by vocabulary string."""
+    # measured against the round that passed, not the last kept restore, so kept restores cannot
+    # add up to more than the tolerance
+    passing = chosen.rounds[-1]["bits_per_byte"]
     removed = {entry["term"]: entry for entry in chosen.removed}
     # never used in the validation text: nothing there says they save anything
     candidates = sorted((unit for unit in units if unit.name in removed and removed[unit.name]["occurrences"] > 0),
@@ -143,9 +154,11 @@ def restore_units(chosen: Selection, model, original, original_rows: NewRows, va
         score, judged = _score(model, rebuilt, rows, validation, pad_to_multiple_of, decide, judge)
         margin = standard_error(judged, base_judge)
         kept = (judged.bits_per_byte + margin <= base_judge.bits_per_byte
-                and score.bits_per_byte <= base_decide.bits_per_byte)
+                and score.bits_per_byte <= base_decide.bits_per_byte
+                and judged.bits_per_byte <= passing * (1 + tolerance))
         chosen.restores.append({"offered": len(trial), "kept": kept, "new_tokens": len(rebuilt.new_tokens),
-                                **_scores(score, judged, margin, base_decide, base_judge, validation)})
+                                **_scores(score, judged, margin, base_decide, base_judge, validation),
+                                "passing_bits_per_byte": passing, "tolerance": tolerance})
         if kept:
             names = {unit.name for unit in trial}
             effects = token_effects(score, base_decide, first_new_id=rebuilt.base_vocab_size, num_new=len(rebuilt.new_tokens))
