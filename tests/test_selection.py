@@ -236,10 +236,10 @@ def test_removed_terms_are_offered_back_least_harmful_per_use_first_and_stay_onl
     per_use = {victim: 900.0, terms[1]: 1.0, terms[2]: 3.0}
     removed = [{"term": name, "round": 1, "reason": "costs", "occurrences": 2, "net_bits": 2 * per_use[name]} for name in terms[:3]]
     removed.append({"term": "never seen", "round": 1, "reason": "never used", "occurrences": 0, "net_bits": -1.0})
-    from extension.selection.terms import _score
+    from extension.selection.terms import score_folds
 
     decide, judge = validation.folds()
-    passing = _score(smollm2, current, current_rows, validation, 64, decide, judge)[1].bits_per_byte
+    passing = score_folds(smollm2, current, current_rows, validation, 64, decide, judge)[1].bits_per_byte
     chosen = Selection(current, current_rows, index, [dict(entry) for entry in removed],
                        [{"round": 1, "new_tokens": len(extended.new_tokens), "bits_per_byte": passing}])
     before = (chosen.extended, chosen.rows, list(chosen.kept_index))
@@ -514,7 +514,7 @@ def test_a_restore_that_reads_worse_than_the_passing_selection_beyond_the_tolera
     fold = SimpleNamespace
     passing, base = 1.5024, 1.60
     # the try reads 1.5208 on the judging half: below the base by far, 1.2% above the passing selection
-    monkeypatch.setattr(terms, "_score", lambda *a, **k: (fold(bits_per_byte=1.50, tokens=90, bytes=300),
+    monkeypatch.setattr(terms, "score_folds", lambda *a, **k: (fold(bits_per_byte=1.50, tokens=90, bytes=300),
                                                           fold(bits_per_byte=1.5208, tokens=90, bytes=300)))
     monkeypatch.setattr(terms, "carry_rows", lambda *a, **k: ("rows", [0, 1]))
     monkeypatch.setattr(terms, "standard_error", lambda *a: 0.01)

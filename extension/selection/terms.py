@@ -80,7 +80,7 @@ def select_terms(model, extended, rows: NewRows, validation: ValidationSet, *, u
     decide, judge = validation.folds()
     base_decide, base_judge = validation.base_fold(decide), validation.base_fold(judge)
     for number in range(1, max_rounds + 1):
-        score, judged = _score(model, current, current_rows, validation, pad_to_multiple_of, decide, judge)
+        score, judged = score_folds(model, current, current_rows, validation, pad_to_multiple_of, decide, judge)
         effects = token_effects(score, base_decide, first_new_id=current.base_vocab_size, num_new=len(current.new_tokens))
         per_use = unexplained_bits_per_use(score, base_decide, effects)
         unit_effects = _unit_effects(kept_units, current, effects, per_use)
@@ -151,7 +151,7 @@ def restore_units(chosen: Selection, model, original, original_rows: NewRows, va
         present = {token.token for token in rebuilt.new_tokens}
         trial = [unit for unit in offered if all(token in present for token in unit.tokens)]
         rows, index = carry_rows(model, original, original_rows, rebuilt, initial_rows)
-        score, judged = _score(model, rebuilt, rows, validation, pad_to_multiple_of, decide, judge)
+        score, judged = score_folds(model, rebuilt, rows, validation, pad_to_multiple_of, decide, judge)
         margin = standard_error(judged, base_judge)
         kept = (judged.bits_per_byte + margin <= base_judge.bits_per_byte
                 and score.bits_per_byte <= base_decide.bits_per_byte
@@ -294,7 +294,7 @@ def unexplained_bits_per_use(score, base, effects: list[TokenEffect]) -> float:
     return max(unexplained, 0.0) / uses if uses else 0.0
 
 
-def _score(model, extended, rows: NewRows, validation: ValidationSet, pad_to_multiple_of: int,
+def score_folds(model, extended, rows: NewRows, validation: ValidationSet, pad_to_multiple_of: int,
            *folds: list[int]):
     """The whole validation text with each new token's leak, or (folds given) one TextScore per
     fold, the first with leaks (it is the one effects are attributed on)."""
@@ -396,7 +396,7 @@ def keep_optimizer_rows(state: dict | None, kept_index: list[int], num_old: int)
 def measure_terms(model, extended, rows: NewRows, validation: ValidationSet, *, units: list[Unit],
                   pad_to_multiple_of: int) -> dict:
     """Each unit's measured effect, nothing removed (terms-only jobs keep the user's terms)."""
-    score = _score(model, extended, rows, validation, pad_to_multiple_of)
+    score = score_folds(model, extended, rows, validation, pad_to_multiple_of)
     effects = token_effects(score, validation.base, first_new_id=extended.base_vocab_size, num_new=len(extended.new_tokens))
     per_use = unexplained_bits_per_use(score, validation.base, effects)
     return {"bits_per_byte": score.bits_per_byte, "tokens_per_byte": score.tokens / score.bytes, "unexplained_bits_per_use": per_use,
