@@ -182,7 +182,7 @@ def load_builtin(model: str, cache: Path):
 # -- systems ----------------------------------------------------------------------------------
 def run_product(spec, cache: Path, log) -> tuple[dict | None, dict, float]:
     """(PipelineResult metrics + extension + stage seconds, or None with the error, seconds)."""
-    from extension.errors import InvalidCorpusError
+    from extension.errors import InvalidCorpusError, InvalidTermsError
     from extension.plan.models import ModelSources
     from extension.pipeline import run
     from extension.plan.spec import Callbacks
@@ -207,7 +207,7 @@ def run_product(spec, cache: Path, log) -> tuple[dict | None, dict, float]:
     started = time.perf_counter()
     try:
         result = run(spec, callbacks=callbacks, sources=ModelSources(cache_dir=cache))
-    except InvalidCorpusError as exc:
+    except (InvalidCorpusError, InvalidTermsError) as exc:  # nothing paid: the job publishes nothing
         return None, {"error": str(exc), **seen}, time.perf_counter() - started
     return ({"metrics": result.metrics, "extension": result.extension, "stage_seconds": result.seconds}, {},
             time.perf_counter() - started)
