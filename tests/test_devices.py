@@ -86,7 +86,9 @@ def test_a_job_that_leaves_steps_unset_trains_its_devices_default(tmp_path, tiny
     device = extension["device_defaults"]["device"]
     assert device == ("cuda" if torch.cuda.is_available() else "cpu_bf16" if devices.cpu_computes_bf16() else "cpu")
     steps = BY_NAME["steps"].default_on(device)
-    assert extension["device_defaults"]["options"] == {"steps": steps, "max_train_seconds": BY_NAME["max_train_seconds"].default_on(device)}
+    assert extension["device_defaults"]["options"] == {
+        "steps": steps, "max_train_seconds": BY_NAME["max_train_seconds"].default_on(device),
+        "term_contexts": BY_NAME["term_contexts"].default_on(device), "term_context_tokens": BY_NAME["term_context_tokens"].default_on(device)}
     assert extension["spec"]["steps"] == extension["trained_steps"] == _metrics(tmp_path / "out")["training"]["steps"] == steps
 
 

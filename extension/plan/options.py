@@ -220,7 +220,7 @@ OPTIONS: tuple[Option, ...] = (
     # at their defaults Spanish and FOLDOC keep every token, so no restore runs there.
     Option("restore_tolerance", float, 0.0, "how much worse, as a fraction of its bits per byte, the judging half of "
            "the validation text may read with removed tokens brought back than with the selection that passed (0: no "
-           "worse; 0.01: up to 1% worse for the shorter text)", 0, 1.0, api_group="root"),
+           "worse; 0.01: up to a hundredth worse for the shorter text)", 0, 1.0, api_group="root"),
     # evaluation
     Option("eval_max_bytes", int, 50_000, "bytes of held-out domain text, and of general text, scored before and after",
            1000, 100_000_000, api_group="evaluation", api_name="max_bytes", flag="--eval-bytes"),
