@@ -64,26 +64,26 @@ class Download:
     received: int  # bytes fetched by this call
 
 
+def _read_utf8(path: str | Path, what: str, code: str, param: str) -> str:
+    """A local file's text (UTF-8, BOM allowed), or a ClientError naming `what` file and the fix."""
+    try:
+        return Path(path).read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ClientError(code, f"{what} file {path} is not UTF-8 (byte offset {exc.start}); save it as UTF-8", param) from None
+    except OSError as exc:
+        raise ClientError(code, f"cannot read {what} file {path}: {exc.strerror}", param) from None
+
+
 def read_terms_file(path: str | Path) -> list[str]:
     """One term per line (UTF-8, BOM allowed); surrounding whitespace stripped, blank lines skipped."""
-    try:
-        text = Path(path).read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ClientError("invalid_terms", f"terms file {path} is not UTF-8 (byte offset {exc.start}); save it as UTF-8", "terms") from None
-    except OSError as exc:
-        raise ClientError("invalid_terms", f"cannot read terms file {path}: {exc.strerror}", "terms") from None
+    text = _read_utf8(path, "terms", "invalid_terms", "terms")
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def read_examples_file(path: str | Path, text_field: str = "text") -> list[str]:
     """A few documents of the user's own text: JSONL (one object per line, its `text_field`), else
     UTF-8 text with documents between blank lines. The server checks the rest."""
-    try:
-        text = Path(path).read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise ClientError("invalid_corpus", f"examples file {path} is not UTF-8 (byte offset {exc.start}); save it as UTF-8", "examples") from None
-    except OSError as exc:
-        raise ClientError("invalid_corpus", f"cannot read examples file {path}: {exc.strerror}", "examples") from None
+    text = _read_utf8(path, "examples", "invalid_corpus", "examples")
     if str(path).endswith(".jsonl"):
         try:
             return [json.loads(line)[text_field] for line in text.splitlines() if line.strip()]
