@@ -15,6 +15,15 @@ def tide(service_settings, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([TIDE, *args], env=settings_env(service_settings), capture_output=True, text=True, timeout=60)
 
 
+def _bytes_on_disk(*paths: Path) -> bytes:
+    """The files' bytes, read by another process. Closing any descriptor of a file drops every
+    POSIX lock this process holds on it, so reading the live database here would drop the API's
+    SQLite locks: the next process to close its last connection then deletes the WAL index under
+    the API, whose reads stay stale from then on (a later job stayed "queued" after it succeeded)."""
+    script = "import sys, pathlib; sys.stdout.buffer.write(b''.join(p.read_bytes() for p in map(pathlib.Path, sys.argv[1:]) if p.exists()))"
+    return subprocess.run([sys.executable, "-c", script, *map(str, paths)], capture_output=True, check=True, timeout=60).stdout
+
+
 def test_create_list_revoke(client, service_settings):
     created = tide(service_settings, "keys", "create", "ops-team")
     assert created.returncode == 0, created.stderr
@@ -35,9 +44,7 @@ def test_create_list_revoke(client, service_settings):
 
 def test_keys_are_stored_hashed(app, service_settings):
     key = tide(service_settings, "keys", "create", "hash-check").stdout.strip()
-    raw = Path(service_settings.data_dir / "tide.db").read_bytes()
-    wal = Path(str(service_settings.data_dir / "tide.db") + "-wal")
-    raw += wal.read_bytes() if wal.exists() else b""
+    raw = _bytes_on_disk(service_settings.data_dir / "tide.db", Path(str(service_settings.data_dir / "tide.db") + "-wal"))
     assert key.encode() not in raw
     import hashlib
 
