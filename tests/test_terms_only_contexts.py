@@ -164,3 +164,26 @@ def test_the_other_terms_of_a_list_prompt_are_not_trained_on(tiny_model_dir):
     assert per_term == 4 and len(texts) == 3 * per_term
     for index, term in enumerate(terms):
         assert all(text.lstrip().startswith(term) for text in texts[index * per_term:(index + 1) * per_term]), texts
+
+
+def test_every_context_is_read_after_the_token_held_out_text_is_scored_after(tiny_model_dir):
+    """Held-out scoring predicts a chunk's first token after BOS (else EOS), so the term right at
+    the start is scored. A training context that began with the term itself (SmolLM2's tokenizer
+    adds no BOS) never had it as a target: what the check asked first was never trained."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from extension.evaluation import context_token_id
+    from extension.tokenizer import extend_tokenizer
+    from extension.training import TrainConfig
+    from extension.training.term_contexts import terms_objective
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert tokenizer("hypertext")["input_ids"][0] != context_token_id(tokenizer)  # the case this is about
+    extended = extend_tokenizer(tokenizer, ["hypertext"])
+    built = terms_objective(model, extended, TrainConfig(steps=4, batch_size=2, seq_len=32), max_new_tokens=6,
+                            style="term")
+    new_id = extended.terms[0].forms["hypertext"]
+    for context in built.contexts:
+        assert context.student[:2] == [context_token_id(tokenizer), new_id], context.student
+        assert context.teacher[0] == context_token_id(tokenizer)

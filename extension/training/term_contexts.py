@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ..evaluation.scoring import context_token_id
 from .example_snippets import snippets_around, split_examples
 from .identity import run_identity
 from .term_prompts import conditioning_prefix, term_prompts
@@ -57,7 +58,13 @@ def expand(ids: list[int], base_vocab_size: int, pieces: dict[int, list[int]]) -
 
 
 def _prompt_ids(tokenizer, text: str) -> list[int]:
-    return tokenizer(text)["input_ids"]  # with the tokenizer's own special tokens (Gemma: BOS)
+    """The text's ids after the token every held-out chunk is scored after (BOS, else EOS), which
+    the tokenizer adds itself on Gemma but not on SmolLM2. Without it a context's first token, its
+    term, sits where the model keeps its attention sink and is never a target: training never
+    taught p(term | start), which is what held-out scoring asks first, and every term looked costly."""
+    ids = tokenizer(text)["input_ids"]
+    start = context_token_id(tokenizer)
+    return ids if ids[:1] == [start] else [start, *ids]
 
 
 def generate_texts(model, extended, *, per_term: int = 4, max_new_tokens: int = 64, seed: int = 0,
@@ -126,7 +133,7 @@ def cached_continuations(model, extended, prompts: list[str], *, max_new_tokens:
     reused). Each text loses its `drop[i]` prefix (term_prompts.conditioning_prefix) where it starts with it."""
     drop = drop or [None] * len(prompts)
     key = hashlib.sha256(json.dumps(
-        [prompts, drop, max_new_tokens, seed, extended.base_vocab_size, run_identity(model, extended)]
+        [prompts, drop, max_new_tokens, seed, extended.base_vocab_size, run_identity(model, extended), "after-context-token"]
     ).encode()).hexdigest()
     cache = Path(work_dir) / CONTEXTS_FILE if work_dir else None
     if cache is not None and cache.exists():
