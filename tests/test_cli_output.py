@@ -1,16 +1,21 @@
-"""What a CLI user sees (issue 37, item 8): the README's first command prints no third-party
-warnings. PEFT's "no implementation exists to tie the adapters" is handled where it arises (the
+"""What a CLI user sees (issue 37, items 4 and 8): the README's first command prints no third-party
+warnings, and the summary, card and tide_extension.json say which precision the figures were
+scored in and which dtype the published weights are. PEFT's "no implementation exists to tie the adapters" is handled where it arises (the
 adapter, extension/publishing/folder.py); deprecation noise from libraries is logged, not printed."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
 import warnings
 
+import pytest
+
 from app.cli_warnings import deprecations_logged
+from extension.plan.devices import safetensors_header
 from tests.conftest import REPO
 
 
@@ -39,6 +44,48 @@ def test_a_first_run_through_the_cli_prints_no_warnings(tiny_model_dir, tmp_path
     for text in (done.stdout, card):
         assert "NOT judged against the base model" in text
         assert f"figures were measured {'in' if devices['evaluate']['dtype'] == devices['publish']['dtype'] else 'with the model computing in'} {devices['evaluate']['dtype']}" in text
+
+
+@pytest.mark.parametrize("precision, scored_in", [("auto", "bfloat16"), ("checkpoint", "float32")])
+def test_the_card_summary_and_json_say_what_precision_was_scored_and_what_is_published(
+        precision, scored_in, tmp_path, tiny_model_dir, cli_cache, capsys, monkeypatch):
+    """Issue 37 item 4 through `tide extend`: on a CPU that computes bf16 in hardware (made so
+    here, whatever this CPU is) precision auto scores the bf16 model and publishes the fp32
+    checkpoint; precision checkpoint scores and publishes fp32. Summary, card and
+    tide_extension.json each say which, the sentence right under the figures it qualifies."""
+    from app.cli import main
+    from extension.plan import devices
+
+    monkeypatch.setattr(devices, "cpu_computes_bf16", lambda: True)
+    terms = tmp_path / "terms.txt"
+    terms.write_text("hypertext\ncompiler\n", encoding="utf-8")
+    out = tmp_path / "out"
+    assert main(["extend", "--base-model", str(tiny_model_dir), "--terms", str(terms), "--steps", "0", "--device", "cpu",
+                 "--precision", precision, "--eval-bytes", "1000", "--out", str(out)]) == 0
+    summary = capsys.readouterr().out.splitlines()
+    card = (out / "README.md").read_text()
+    recorded = json.loads((out / "tide_extension.json").read_text())["evaluation_precision"]
+    # the published weights are the fp32 checkpoint's either way
+    assert {entry["dtype"] for entry in safetensors_header(out / "model.safetensors").values()
+            if isinstance(entry, dict) and "dtype" in entry} == {"F32"}
+    if scored_in == "bfloat16":
+        said = ("The before/after figures were measured with the model computing in bfloat16; the published weights "
+                "are float32")
+        assert recorded["published_weights_scored"] is False
+    else:
+        said = "The before/after figures were measured in float32, the published weights' dtype."
+        assert recorded["published_weights_scored"] is True
+    assert (recorded["scored_in"], recorded["published_dtype"]) == (scored_in, "float32")
+    assert recorded["said"].startswith(said)
+    # the summary: the sentence once, on the line after the last bits-per-byte figure
+    figures = [i for i, line in enumerate(summary) if "_per_byte: " in line]
+    assert figures and summary[figures[-1] + 1].strip().startswith(said)
+    assert sum(said in line for line in summary) == 1
+    # the card: once, right under the before/after table and its "Measured on" note
+    assert card.count(said) == 1
+    after_table = [line for line in card[card.index("## Before / after"):].splitlines()[1:] if line.strip()]
+    noted = next(i for i, line in enumerate(after_table) if line.startswith("Measured on"))
+    assert all(line.startswith("|") for line in after_table[:noted]) and after_table[noted + 1].startswith(said)
 
 
 def test_third_party_deprecations_are_logged_and_other_warnings_still_shown(caplog):

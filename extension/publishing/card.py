@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..evaluation.metrics import metrics_table
-from .decisions import decision_sentences
+from .decisions import decision_sentences, precision_sentence
 
 _SHOWN_TERMS = 40
 
@@ -37,6 +37,7 @@ def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str
         "",
         metrics_table(metrics["before"], metrics["after"]),
         "",
+        *([scored_in, ""] if (scored_in := precision_sentence(metrics)) else []),
         "Bits per byte compares models across tokenizers: next-token loss summed over the text, "
         "divided by ln 2 and by its UTF-8 bytes. Lower is better.",
         "",
@@ -82,7 +83,8 @@ def selection_section(selection: dict, metrics: dict | None = None) -> list[str]
         lines += [f"Validation ({selection['validation']['source']}, {selection['validation']['bytes']:,} bytes) chose "
                   f"the rows of step {selection['best_step']} (step 0 = the initial rows).", ""]
     # selection skipped (too little validation text): decision_sentences says the model was not judged
-    for sentence in decision_sentences({**(metrics or {}), "selection": selection}, style="both"):
+    # the precision sentence goes under the before/after table it qualifies (model_card)
+    for sentence in decision_sentences({**(metrics or {}), "selection": selection}, style="both", precision=False):
         lines += [sentence, ""]
     removed = selection.get("removed") or []
     if removed:

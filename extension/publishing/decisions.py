@@ -19,16 +19,17 @@ _EXAMPLES_WORDS = {"cli": "`--examples FILE`", "api": "`examples`", "both": "`--
 _CORPUS_WORDS = {"cli": "`--corpus FILE`", "api": "a corpus, `corpus_file_id`", "both": "`--corpus FILE` (API: `corpus_file_id`)"}
 
 
-def decision_sentences(metrics: dict | None, *, style: str = "cli") -> list[str]:
+def decision_sentences(metrics: dict | None, *, style: str = "cli", precision: bool = True) -> list[str]:
     """The sentences, in the order a user wants them: whether the model was judged at all, why
     training stopped, what selection kept and gave up, how a terms-only job compares with the base
-    model on its held-out contexts, and the precision the figures were measured in."""
+    model on its held-out contexts, and the precision the figures were measured in (`precision`
+    False leaves it to a reader that places it beside the figures themselves)."""
     metrics = metrics or {}
     found = [not_judged_sentence(metrics, style=style),
              stopped_early_sentence(metrics.get("training") or {}, style=style),
              selection_sentence(metrics, style=style),
              held_out_sentence(metrics, style=style),
-             precision_sentence(metrics)]
+             precision_sentence(metrics) if precision else None]
     return [sentence for sentence in found if sentence]
 
 
@@ -60,6 +61,20 @@ def precision_sentence(metrics: dict) -> str | None:
     return (f"The before/after figures were measured with the model computing in {measured}; the published weights are "
             f"{published} (the base checkpoint's dtype) and were not scored themselves, so their figures may differ "
             "slightly.")
+
+
+def precision_record(metrics: dict) -> dict | None:
+    """What tide_extension.json says of the figures' precision: the dtype the before/after was
+    scored in, the published weights' dtype, whether those weights are what was scored, and the
+    sentence the card and summary print. None where nothing was scored."""
+    devices = metrics.get("devices") or {}
+    measured = (devices.get("evaluate") or {}).get("dtype")
+    if not measured:
+        return None
+    published = (devices.get("publish") or {}).get("dtype")
+    return {"scored_in": measured, "published_dtype": published,
+            "published_weights_scored": published is None or published == measured,
+            "said": precision_sentence(metrics)}
 
 
 def option_words(name: str, value, *, style: str) -> str:

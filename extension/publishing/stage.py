@@ -10,7 +10,7 @@ from ..plan import devices as job_devices
 from ..plan.models import load_model
 from ..rows.init import apply_rows
 from .card import model_card
-from .decisions import decision_sentences
+from .decisions import decision_sentences, precision_record, precision_sentence
 from .folder import publish
 
 
@@ -33,7 +33,10 @@ class PipelineResult:
         for key, row in self.metrics.get("comparison", {}).items():
             if "before" in row:
                 lines.append(f"  {key}: {row['before']:.4f} -> {row['after']:.4f}")
-        lines += [f"  {sentence}" for sentence in decision_sentences(self.metrics, style="cli")]
+        # right under the figures it qualifies: a bf16 job's figures are not the fp32 download's
+        scored_in = precision_sentence(self.metrics)
+        lines += [f"  {scored_in}"] if scored_in else []
+        lines += [f"  {sentence}" for sentence in decision_sentences(self.metrics, style="cli", precision=False)]
         lines.append("  time: " + ", ".join(f"{k} {v:.1f}s" for k, v in self.seconds.items()))
         return "\n".join(lines)
 
@@ -64,6 +67,8 @@ def publish_job(plan, model, sources, *, chosen, trained, start, mined, metrics:
         "padding_ids": layout["padding_ids"],
         **extended.to_json(),
         "selection": chosen.report,
+        # a bf16 job scores the bf16 model and publishes the checkpoint's dtype: say which was scored
+        "evaluation_precision": precision_record(metrics),
     }
     if mined is not None:
         extension["mining"] = mined.to_json()
