@@ -181,7 +181,7 @@ def main() -> None:
                  "pieces": lambda: qs.mined_term_list(ExtendSpec(base_model="smollm2-135m", out_dir=work, corpus_path=corpus), cache)}
         if "base" in args.systems.split(","):  # first: a run stopped early still has its rows' percentages
             log("base ...")
-            result["base"] = qs.evaluate_base(splits["test"], args.eval_bytes, "smollm2-135m")
+            result["base"] = qs.evaluate_base(splits["test"], args.eval_bytes, "smollm2-135m", cache)
         for list_name in args.lists.split(","):
             terms = lists[list_name]()
             result["lists"][list_name] = {"terms": terms, "offered_tokens_per_byte": offered(terms, splits["test"], args.eval_bytes, cache)}
