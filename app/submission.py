@@ -31,7 +31,7 @@ from .quotas import check_new_job
 from .schemas import ExtendRequest
 from .settings import Settings
 from .storage import upload_path
-from .terms import check_terms_add_something, validate_terms
+from .terms import check_reserved_ids, check_terms_add_something, validate_terms
 from .uploads import write_corpus
 
 
@@ -171,6 +171,12 @@ _DEFERRED_TERMS_CHECK = (
 )
 
 
+_DEFERRED_RESERVED_CHECK = (
+    "the tokenizer of {model} is not on this server yet, so the worker checks that it has enough free reserved "
+    "tokens for new_ids 'reserved' (before it loads any weights)"
+)
+
+
 def submit(
     db: Session, key: ApiKey, request: ExtendRequest, settings: Settings, idempotency_key: str | None,
     tokenizers: BaseTokenizers | None = None, count_submit: Callable[[str], None] | None = None,
@@ -191,6 +197,7 @@ def submit(
     except TideError as exc:
         raise ApiError(422, exc.code, exc.message, "base_model") from None
     deferred: list[str] = []
+    tokenizer = None
     if request.terms is not None:
         validate_terms(request.terms, settings)
         tokenizer = tokenizers.get(request.base_model) if tokenizers is not None else None
@@ -198,6 +205,13 @@ def submit(
             check_terms_add_something(request.terms, tokenizer, request.base_model, settings)
         else:
             deferred.append(_DEFERRED_TERMS_CHECK.format(model=request.base_model))
+    if request.new_ids == "reserved":
+        if tokenizer is None and tokenizers is not None:
+            tokenizer = tokenizers.get(request.base_model)
+        if tokenizer is not None:
+            check_reserved_ids(request, tokenizer, tokenizers.folder(request.base_model), settings)
+        else:
+            deferred.append(_DEFERRED_RESERVED_CHECK.format(model=request.base_model))
     corpus = inline = None
     if request.corpus_file_id is not None:
         corpus = _own_file(db, key, request.corpus_file_id)

@@ -54,3 +54,27 @@ def check_terms_add_something(terms: list[str], tokenizer, base_model: str, sett
     error = nothing_to_add_error(terms, extended.skipped, base_model)
     if error is not None:
         raise ApiError(422, error.code, error.message, error.param)
+
+
+def check_reserved_ids(request, tokenizer, folder, settings: Settings) -> None:
+    """new_ids 'reserved': refuse (422 naming new_ids) a job that needs more reserved tokens than the
+    base tokenizer has free, or a tokenizer with none. The server has the tokenizer but not the
+    config, so the ids only the config names are left to the worker, which checks again before
+    loading weights; what is refused here the worker would refuse too."""
+    from types import SimpleNamespace
+
+    from extension.errors import InvalidOptionError
+    from extension.plan.options import option_error_for
+    from extension.tokenizer.reserved import check_reserved_job
+
+    has_corpus = request.corpus_file_id is not None or request.corpus_text is not None
+    spec = SimpleNamespace(new_ids=request.new_ids, base_model=request.base_model, terms=request.terms,
+                           max_term_chars=settings.max_term_chars, corpus_path="corpus" if has_corpus else None,
+                           max_new_tokens=request.mining.max_new_tokens)
+    try:
+        check_reserved_job(spec, tokenizer, None, model_folder=folder)
+    except InvalidOptionError as exc:
+        message, param = option_error_for(exc, style="api")
+        raise ApiError(422, exc.code, message, param) from None
+    except TideError:
+        return  # a term problem: the checks before this one, or the worker, say what it is

@@ -75,6 +75,12 @@ def extend_during_training(trainer, *, at_step: int, terms: list[str] | None = N
     spec = ExtendSpec(base_model="(live Trainer run)", out_dir=Path("."), terms=terms,
                       corpus_path=Path(corpus) if corpus is not None else None, **options)
     validate_spec(spec)
+    if spec.new_ids == "reserved":
+        # The live run's model, optimizer and collator all follow appended ids; moving rows onto
+        # reserved ids mid-run is not built.
+        raise InvalidOptionError(option="new_ids", problem=(
+            "is 'reserved', which extend_during_training does not support: a live run's new tokens are appended; "
+            "leave new_ids unset (append), or extend the saved checkpoint with `tide extend --new-ids reserved`"))
     _check_trainer(trainer)
     callback = ExtendVocabularyCallback(trainer, spec, at_step, callbacks)
     trainer.add_callback(callback)

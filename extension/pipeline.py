@@ -25,7 +25,7 @@ from .plan.spec import STAGES, Callbacks, ExtendSpec
 from .publishing.stage import PipelineResult, publish_job
 from .rows.stage import start_rows
 from .selection.stage import choose_terms
-from .tokenizer.stage import extend_with_terms
+from .tokenizer.stage import extend_with_terms, take_reserved_ids
 from .training import TrainConfig, max_positions, trainer_checkpoint
 from .training.stage import train_new_rows, write_texts
 
@@ -61,6 +61,8 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
         trained = train_new_rows(spec, model, extended, start, texts, callbacks)
     with stage("select"):
         chosen = choose_terms(spec, model, tokenizer, extended, trained, texts, start, mined, callbacks)
+        if plan.reserved is not None:  # new_ids 'reserved': before evaluation, so what is evaluated is published
+            chosen = replace(chosen, extended=take_reserved_ids(chosen.extended, plan.reserved, spec, callbacks))
     with stage("evaluate"):
         metrics, layout = evaluate_job(plan, model, chosen, trained, callbacks, scores_dir=Path(sources.cache_dir) / "scores",
                                        scores_max_bytes=sources.score_cache_max_bytes, stages_run=list(stage.seconds))

@@ -14,7 +14,7 @@ import torch
 from ..plan import corpus as corpus_io
 from ..plan import devices as job_devices
 from ..plan.spec import Callbacks
-from ..rows.init import apply_rows
+from ..rows.init import apply_rows, reserved_ids
 from .general_text import load_general_text
 from .metrics import compare, evaluate_model
 from .score_cache import ScoreCache
@@ -35,7 +35,8 @@ def evaluate_job(plan, model, chosen, trained, callbacks: Callbacks, *, scores_d
     before = evaluate_model(model, plan.tokenizer, held_out, general, score_cache=score_cache, **common,
                             on_progress=lambda done, total: callbacks.on_progress(done, 2 * total, {"unit": "chunks"}))
     layout = apply_rows(model, chosen.rows, base_vocab_size=extended.base_vocab_size,
-                        pad_to_multiple_of=spec.pad_to_multiple_of, calibration_ids=_calibration_ids(plan.tokenizer, general))
+                        pad_to_multiple_of=spec.pad_to_multiple_of, calibration_ids=_calibration_ids(plan.tokenizer, general),
+                        at_ids=reserved_ids(extended))
     if layout.get("padding_probability_ok") is False:
         callbacks.on_warning(
             f"padding rows take up to {layout['padding_probability_max']:.2e} of the probability "
@@ -52,7 +53,8 @@ def evaluate_job(plan, model, chosen, trained, callbacks: Callbacks, *, scores_d
         "before": before,
         "after": after,
         "comparison": compare(before, after),
-        "padding": {k: v for k, v in layout.items() if k != "padding_ids"},
+        "padding": {k: v for k, v in layout.items() if k not in ("padding_ids", "reserved_ids")},
+        **({"reserved_tokens": extended.reserved} if extended.reserved is not None else {}),
         # steps taken, steps planned and why it stopped (training.loop.STOP_REASONS), then the loss history
         "training": {**(result.report() if result else {"steps": 0}), "history": result.history if result else []},
         "selection": {k: v for k, v in chosen.report.items() if k != "effects"},

@@ -41,6 +41,8 @@ class JobPlan:
     memory: MemoryPlan | None = None
     eval_batch_tokens: int | None = None
     max_shard_bytes: int | None = None  # shard the published weights like the base (None: transformers' default)
+    # new_ids 'reserved': the free reserved tokens (tokenizer.reserved), enough for the job; None: 'append'
+    reserved: list | None = None
 
     @property
     def model_path(self) -> str | None:
@@ -82,6 +84,7 @@ def plan_model(plan: JobPlan, sources: ModelSources) -> JobPlan:
     error of a tokenizer TIDE cannot extend, a seq_len past the model's context, a device map
     that offloads the embedding, and a job that cannot fit its device."""
     from ..tokenizer import check_extendable
+    from ..tokenizer.reserved import check_reserved_job
     from ..training.loop import TrainConfig, max_positions
 
     spec = plan.spec
@@ -92,6 +95,7 @@ def plan_model(plan: JobPlan, sources: ModelSources) -> JobPlan:
     TrainConfig.from_spec(spec).validate(max_positions=max_positions(SimpleNamespace(config=config)))
     check_device_map(config, plan.placement.device_map)
     model_path = resolved.path if resolved.kind != "hub" else None
+    reserved = check_reserved_job(spec, tokenizer, config, model_folder=model_path)
     stored = checkpoint_dtype(config, model_path)
     dtype = plan.placement.compute_dtype(stored)
     eval_tokens = eval_batch_tokens_for(plan.placement.device, config, dtype)
@@ -101,7 +105,7 @@ def plan_model(plan: JobPlan, sources: ModelSources) -> JobPlan:
     # the published shard size: the base's, local or hub (None: transformers' default)
     shards = shard_limit(model_path, hub_id=resolved.path if resolved.kind == "hub" else None, token=sources.hub_token)
     return replace(plan, resolved=resolved, tokenizer=tokenizer, config=config, stored_dtype=stored, compute_dtype=dtype,
-                   memory=memory, eval_batch_tokens=eval_tokens, max_shard_bytes=shards)
+                   memory=memory, eval_batch_tokens=eval_tokens, max_shard_bytes=shards, reserved=reserved)
 
 
 def offload_folder(plan: JobPlan, work_dir: Path | None) -> Path | None:

@@ -136,6 +136,15 @@ OPTIONS: tuple[Option, ...] = (
     # tokenizer and rows
     Option("max_term_chars", int, 64, "longest accepted term, in characters (on the service: the TIDE_MAX_TERM_CHARS setting)", 1, 1024, api_group=None),
     Option("pad_to_multiple_of", int, 64, "pad the vocabulary up to a multiple of this (1: no padding)", 1, 4096, api_group="root"),
+    # Where the new tokens' ids come from (issue 40 item 2; extension/tokenizer/reserved.py). The
+    # job trains on appended ids either way; 'reserved' moves the chosen rows onto reserved ids
+    # before evaluation, so what is evaluated is what is published.
+    Option("new_ids", str, "append",
+           "where new tokens get their ids: 'append' after every id in use (the embedding grows, padded as "
+           "pad_to_multiple_of says); 'reserved' on the tokenizer's reserved unused tokens (Gemma's <unusedN>, Llama "
+           "3's <|reserved_special_token_N|>), which become the new tokens, so the embedding keeps its size; a job "
+           "that needs more than are free is refused before any weights are read", choices=("append", "reserved"),
+           api_group="root"),
     # initial rows (extension/rows/init.py, extension/rows/composition.py, extension/training/input_distillation.py);
     # measured in benchmarks/init_methods.py and, for 'distill' and 'subword_mean_norm' against the
     # composition, benchmarks/results/quality_{es,foldoc}_init_peers.md (chosen on those two only):

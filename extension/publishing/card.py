@@ -12,6 +12,7 @@ def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str
     counts = extension.get("counts", {})
     vocab = extension["vocab"]
     terms = extension.get("terms", [])
+    reserved = extension.get("reserved_tokens")
     lines = [
         "---",
         "library_name: transformers",
@@ -22,16 +23,16 @@ def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str
         f"# {spec.base_model} + {counts.get('terms_added', len(terms))} domain terms (TIDE)",
         "",
         f"The tokenizer of `{spec.base_model}` was extended so each term below is ONE token. "
-        f"Vocabulary: {vocab['base_vocab_size']:,} base entries + {counts.get('new_vocab_entries', '?')} new "
-        f"(term forms and intermediate merges), padded to {vocab['vocab_size']:,} rows "
-        f"({'tied' if vocab['tied'] else 'untied'} input/output embeddings).",
+        + _vocabulary_sentence(extension, counts),
         "",
         _init_sentence(extension.get("init") or {})
         + (f", then only the new rows were trained for {extension['trained_steps']} steps (every base weight is "
            "unchanged)." if extension.get("trained_steps") else "; no training (init only)."),
-        "Padding rows are set to the mean output row and listed in `generation_config.json` "
-        "(`suppress_tokens`); they are never produced by the tokenizer.",
+        *([] if reserved is not None else [
+            "Padding rows are set to the mean output row and listed in `generation_config.json` "
+            "(`suppress_tokens`); they are never produced by the tokenizer."]),
         "",
+        *_reserved_section(reserved),
         *selection_section(extension.get("selection") or {}, metrics),
         "## Before / after",
         "",
@@ -52,8 +53,10 @@ def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str
         "`adapter/` holds the same new rows as a PEFT Trainable Tokens adapter "
         + ("(the embedding's; the tied head shares them) " if vocab["tied"] else "(the input embedding's and the output "
            "head's, each their own) ")
-        + f"for the base model resized to {vocab['vocab_size']:,} rows (`model.resize_token_embeddings({vocab['vocab_size']})`, "
-        "then `PeftModel.from_pretrained(model, 'THIS_FOLDER/adapter')`).",
+        + (f"for the base model resized to {vocab['vocab_size']:,} rows (`model.resize_token_embeddings({vocab['vocab_size']})`, "
+           "then `PeftModel.from_pretrained(model, 'THIS_FOLDER/adapter')`)." if reserved is None else
+           "for the base model as it is, on the reserved ids the new tokens took (`PeftModel.from_pretrained(model, "
+           "'THIS_FOLDER/adapter')`, with this folder's tokenizer)."),
         "",
         f"## Terms ({len(terms)})",
         "",
@@ -68,6 +71,31 @@ def model_card(spec, extension: dict, metrics: dict, history: list[dict]) -> str
     lines += ["", "`tide_extension.json` lists every term, form, intermediate token and id; "
               "`metrics.json` every measurement; `manifest.json` the sha256 of every file.", ""]
     return "\n".join(lines)
+
+
+def _vocabulary_sentence(extension: dict, counts: dict) -> str:
+    vocab = extension["vocab"]
+    sides = f"{'tied' if vocab['tied'] else 'untied'} input/output embeddings"
+    if extension.get("reserved_tokens") is None:
+        return (f"Vocabulary: {vocab['base_vocab_size']:,} base entries + {counts.get('new_vocab_entries', '?')} new "
+                f"(term forms and intermediate merges), padded to {vocab['vocab_size']:,} rows ({sides}).")
+    return (f"The {counts.get('new_vocab_entries', '?')} new vocabulary entries (term forms and intermediate merges) "
+            f"took the ids of reserved unused tokens of the base tokenizer (new_ids 'reserved'), so the embedding keeps "
+            f"its {vocab['vocab_size']:,} rows ({sides}) and every row but theirs is the base's, bit for bit.")
+
+
+def _reserved_section(reserved: list[dict] | None) -> list[str]:
+    """Which reserved tokens the new tokens took: the old token string is gone from the tokenizer."""
+    if reserved is None:
+        return []
+    lines = [f"## Reserved tokens taken ({len(reserved)})", "",
+             "Each of these reserved tokens is now the new token beside it (same id; the reserved string no longer "
+             "exists in the tokenizer):", "", "| id | was | now |", "| ---: | --- | --- |"]
+    lines += [f"| {entry['id']} | `{_cell(entry['reserved'])}` | `{_cell(repr(entry['token']))}` |"
+              for entry in reserved[:_SHOWN_TERMS]]
+    if len(reserved) > _SHOWN_TERMS:
+        lines.append(f"| … | {len(reserved) - _SHOWN_TERMS} more in `tide_extension.json` | |")
+    return lines + [""]
 
 
 def _cell(text: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..plan import devices as job_devices
 from ..plan.models import load_model
-from ..rows.init import apply_rows
+from ..rows.init import apply_rows, reserved_ids
 from .card import model_card
 from .decisions import decision_sentences, precision_record, precision_sentence
 from .folder import publish
@@ -30,6 +30,10 @@ class PipelineResult:
             f"  terms added: {counts.get('terms_added', '?')}, new vocabulary entries: "
             f"{counts.get('new_vocab_entries', '?')}, skipped: {counts.get('skipped', 0)}",
         ]
+        reserved = self.extension.get("reserved_tokens")
+        if reserved is not None:
+            lines.append(f"  new ids: {len(reserved)} reserved tokens taken, the embedding keeps its "
+                         f"{self.extension['vocab']['vocab_size']:,} rows: {reserved_summary(reserved)}")
         for key, row in self.metrics.get("comparison", {}).items():
             if "before" in row:
                 lines.append(f"  {key}: {row['before']:.4f} -> {row['after']:.4f}")
@@ -49,7 +53,8 @@ def publish_job(plan, model, sources, *, chosen, trained, start, mined, metrics:
     fp32 checkpoint, or a model spread with weights offloaded). `checkpoint` is the base's
     Trainer checkpoint (training.optimizer_state.TrainerCheckpoint) or None."""
     spec, extended = plan.spec, chosen.extended
-    model = _publishable(model, plan, sources, chosen.rows, extended.base_vocab_size)
+    at_ids = reserved_ids(extended)
+    model = _publishable(model, plan, sources, chosen.rows, extended.base_vocab_size, at_ids)
     metrics["devices"]["publish"] = job_devices.describe(model)
     steps_done = trained.result.steps_done if trained.result else 0
     init = {**start.report, **({"distillation": trained.distillation} if trained.distillation is not None else {})}
@@ -63,7 +68,7 @@ def publish_job(plan, model, sources, *, chosen, trained, start, mined, metrics:
         "trained_steps": steps_done,
         "training": {k: v for k, v in metrics["training"].items() if k != "history"},
         "published_step": chosen.report.get("best_step", steps_done),
-        "vocab": {k: layout[k] for k in ("base_vocab_size", "vocab_size", "tied")},
+        "vocab": {k: layout[k] for k in ("base_vocab_size", "vocab_size", "tied")} | {"new_ids": spec.new_ids},
         "padding_ids": layout["padding_ids"],
         **extended.to_json(),
         "selection": chosen.report,
@@ -75,7 +80,7 @@ def publish_job(plan, model, sources, *, chosen, trained, start, mined, metrics:
     write_extra = None
     if checkpoint is not None:
         optimizer_state, carried = checkpoint.extend(model, base_vocab_size=extended.base_vocab_size,
-                                                     adapter_optimizer_state=chosen.optimizer_state)
+                                                     adapter_optimizer_state=chosen.optimizer_state, at_ids=at_ids)
         carried["files"] = checkpoint.write_list()
         extension["trainer_checkpoint"] = carried
         write_extra = lambda staging: checkpoint.write(staging, optimizer_state)  # noqa: E731
@@ -83,7 +88,7 @@ def publish_job(plan, model, sources, *, chosen, trained, start, mined, metrics:
     manifest = publish(
         spec.out_dir, model=model, tokenizer=extended.tokenizer, extension=extension, metrics=metrics,
         model_card=model_card(spec, extension, metrics, history), history=history,
-        adapter_token_ids=list(range(extended.base_vocab_size, layout["vocab_size"])),
+        adapter_token_ids=at_ids if at_ids is not None else list(range(extended.base_vocab_size, layout["vocab_size"])),
         adapter_target_module=embedding_module_name(model), write_extra=write_extra, force=spec.force,
         max_shard_bytes=plan.max_shard_bytes,
     )
@@ -91,14 +96,15 @@ def publish_job(plan, model, sources, *, chosen, trained, start, mined, metrics:
                           mined_terms=list(extension["mining"].get("terms", [])) if mined else None)
 
 
-def _publishable(model, plan, sources, rows, base_vocab_size: int):
+def _publishable(model, plan, sources, rows, base_vocab_size: int, at_ids: list[int] | None = None):
     """The model to publish: `model` when its weights are the checkpoint's own (same dtype, none
-    offloaded), else the checkpoint loaded on the CPU in its dtype with `rows` applied."""
+    offloaded), else the checkpoint loaded on the CPU in its dtype with `rows` applied (at the
+    reserved ids `at_ids` where the new tokens took those)."""
     if model.get_input_embeddings().weight.dtype == plan.stored_dtype and not job_devices.offloaded(model):
         return model
     job_devices.release_cached_memory(job_devices.model_device(model))
     copy = load_model(plan.resolved, sources).eval()  # CPU, dtype "auto": the checkpoint's own
-    apply_rows(copy, rows, base_vocab_size=base_vocab_size, pad_to_multiple_of=plan.spec.pad_to_multiple_of)
+    apply_rows(copy, rows, base_vocab_size=base_vocab_size, pad_to_multiple_of=plan.spec.pad_to_multiple_of, at_ids=at_ids)
     return copy
 
 
@@ -108,3 +114,10 @@ def embedding_module_name(model) -> str:
         if module is embedding:
             return name.rsplit(".", 1)[-1]
     return "embed_tokens"
+
+
+def reserved_summary(reserved: list[dict], shown: int = 8) -> str:
+    """The reserved tokens a job took, for a line: '<unused0> (6) -> "▁term", ...'."""
+    parts = [f"{entry['reserved']} ({entry['id']}) -> {entry['token']!r}" for entry in reserved[:shown]]
+    more = f", and {len(reserved) - shown} more (tide_extension.json lists them)" if len(reserved) > shown else ""
+    return ", ".join(parts) + more

@@ -193,6 +193,12 @@ def padded_vocab_size(needed: int, current: int, multiple: int) -> int:
     return size
 
 
+def reserved_ids(extended) -> list[int] | None:
+    """Where an ExtendedTokenizer's rows go when its new tokens sit on reserved ids (apply_rows'
+    `at_ids`, row i to new token i); None for appended ids."""
+    return [token.id for token in extended.new_tokens] if getattr(extended, "reserved", None) is not None else None
+
+
 @torch.no_grad()
 def apply_rows(
     model,
@@ -201,14 +207,19 @@ def apply_rows(
     base_vocab_size: int,
     pad_to_multiple_of: int = DEFAULTS["pad_to_multiple_of"],
     calibration_ids: torch.Tensor | None = None,
+    at_ids: Sequence[int] | None = None,
 ) -> dict:
     """Resize the model for `rows`, write them after the base rows, and set the padding rows.
+    With `at_ids` (new_ids 'reserved': one id per row, ids the base already has) the rows are
+    written there instead, and the model keeps its size: nothing is resized or padded.
 
     Old rows stay bit-identical (resize copies them in their dtype). Tied models stay tied.
     Returns a report: vocab sizes, padding ids, measured padding probability (if calibrated).
     """
     tied = is_tied(model)
     current = model.get_input_embeddings().weight.shape[0]
+    if at_ids is not None:
+        return _write_at_reserved_ids(model, rows, list(at_ids), base_vocab_size=base_vocab_size, tied=tied)
     new_size = padded_vocab_size(base_vocab_size + len(rows), current, pad_to_multiple_of)
     if new_size != current:
         model.resize_token_embeddings(new_size, mean_resizing=False)
@@ -241,6 +252,29 @@ def apply_rows(
     if generation is not None:
         generation.suppress_tokens = padding_ids or None
     return report
+
+
+def _write_at_reserved_ids(model, rows: NewRows, ids: list[int], *, base_vocab_size: int, tied: bool) -> dict:
+    current = model.get_input_embeddings().weight.shape[0]
+    if len(ids) != len(rows) or len(set(ids)) != len(ids) or not all(0 <= i < min(base_vocab_size, current) for i in ids):
+        raise ValueError(f"{len(rows)} new rows need as many distinct base ids below {base_vocab_size}, got {ids[:5]}...")
+    embedding = model.get_input_embeddings().weight
+    index = torch.tensor(ids, dtype=torch.long, device=embedding.device)
+    embedding[index] = rows.input.to(embedding.device, embedding.dtype)
+    if not tied:
+        if rows.output is None:
+            raise ValueError("untied model needs output rows; build them with subword_mean_rows")
+        head = model.get_output_embeddings()
+        head.weight[index.to(head.weight.device)] = rows.output.to(head.weight.device, head.weight.dtype)
+        if getattr(head, "bias", None) is not None and rows.output_bias is not None:
+            head.bias[index.to(head.bias.device)] = rows.output_bias.to(head.bias.device, head.bias.dtype)
+    generation = getattr(model, "generation_config", None)
+    suppressed = getattr(generation, "suppress_tokens", None)
+    if suppressed:
+        # a reserved id the base kept from being generated is a new token now, and must be generated
+        generation.suppress_tokens = [i for i in suppressed if i not in set(ids)] or None
+    return {"base_vocab_size": base_vocab_size, "new_rows": len(rows), "vocab_size": current,
+            "pad_to_multiple_of": None, "padding_ids": [], "tied": tied, "reserved_ids": ids}
 
 
 def _set_vocab_size(config, size: int) -> None:

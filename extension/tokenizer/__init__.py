@@ -17,6 +17,8 @@ One module an idea, in the order a term travels:
   extend.py          extend_tokenizer: the steps above, until every term checks out
   append_merges.py   the corpus miner's entry point: append the merges it chose
   results.py         ExtendedTokenizer and the records in it
+  reserved.py        new_ids 'reserved': which reserved tokens are free, checked before any weights
+  onto_reserved.py   the chosen new tokens moved onto those ids (the tokenizer rewritten)
 """
 
 from .append_merges import extend_with_merges

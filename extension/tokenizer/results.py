@@ -42,12 +42,17 @@ class ExtendedTokenizer:
     tokenizer: Any  # a transformers fast tokenizer, ready to save_pretrained
     base_vocab_size: int  # the first new id: every id below is the base's (tokens and embedding rows alike)
     terms: list[TermExtension]
-    new_tokens: list[NewToken]  # sorted by id, ids contiguous from base_vocab_size
+    new_tokens: list[NewToken]  # sorted by id, ids contiguous from base_vocab_size (or on reserved ids)
     skipped: list[SkippedTerm]
     merges: list[tuple[str, str]] = field(default_factory=list)  # appended after the base merges
+    # new_ids 'reserved' (tokenizer/onto_reserved.py): the reserved tokens the new tokens took, in
+    # new_tokens' order ({"id", "reserved": its old content, "token", "term"}); None: appended ids
+    reserved: list[dict] | None = None
 
     @property
     def vocab_size(self) -> int:
+        if self.reserved is not None:
+            return self.base_vocab_size  # the new tokens sit on ids the base already had
         return self.base_vocab_size + len(self.new_tokens)
 
     def to_json(self) -> dict:
@@ -70,6 +75,8 @@ class ExtendedTokenizer:
         return {
             "base_vocab_size": self.base_vocab_size,
             "vocab_size": self.vocab_size,
+            "new_ids": "append" if self.reserved is None else "reserved",
+            **({"reserved_tokens": [dict(entry) for entry in self.reserved]} if self.reserved is not None else {}),
             "counts": {
                 "terms_added": len(self.terms),
                 "terms_by_mechanism": {

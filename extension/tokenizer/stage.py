@@ -31,3 +31,13 @@ def announce_extension(extended: ExtendedTokenizer, callbacks: Callbacks) -> Non
     is big and goes to tide_extension.json)."""
     report = extended.to_json()
     callbacks.on_event("extension", {"counts": report["counts"], "skipped": report["skipped"][:100]})
+
+
+def take_reserved_ids(extended: ExtendedTokenizer, free, spec, callbacks: Callbacks) -> ExtendedTokenizer:
+    """new_ids 'reserved': the chosen new tokens moved onto free reserved ids (onto_reserved.py),
+    announced as the job's `reserved_tokens` event."""
+    from .onto_reserved import onto_reserved
+
+    moved = onto_reserved(extended, free, base_model=spec.base_model)
+    callbacks.on_event("reserved_tokens", {"taken": len(moved.reserved), "free": len(free), "tokens": moved.reserved[:100]})
+    return moved

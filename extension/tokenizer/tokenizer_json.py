@@ -168,11 +168,12 @@ def check_ids(view: BaseView, extended, new_vocab: NewVocab) -> None:
         )
 
 
-def load_like(tokenizer, tokenizer_json: str):
+def load_like(tokenizer, tokenizer_json: str, init_kwargs: dict | None = None):
     """A tokenizer of `tokenizer`'s own class reading `tokenizer_json`: special tokens, chat
-    template and init options carry over; `tokenizer` is left untouched. (Loading from a file
-    parses the JSON once; handing over a `tokenizers.Tokenizer` object would deep-copy it.)"""
-    kwargs = dict(tokenizer.init_kwargs)
+    template and init options (`init_kwargs` where given, else its own) carry over; `tokenizer` is
+    left untouched. (Loading from a file parses the JSON once; handing over a `tokenizers.Tokenizer`
+    object would deep-copy it.)"""
+    kwargs = dict(tokenizer.init_kwargs if init_kwargs is None else init_kwargs)
     for key in ("tokenizer_object", "tokenizer_file", "vocab", "merges", "vocab_file", "merges_file"):
         kwargs.pop(key, None)
     with tempfile.TemporaryDirectory(prefix="tide-tokenizer-") as folder:

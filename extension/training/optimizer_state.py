@@ -46,11 +46,15 @@ _SHARDED = {
 
 
 # -- the one mechanism: grow a vocab-sized AdamW entry --------------------------------------------
-def grow_moments(entry: dict, rows: int, base_vocab_size: int, new: dict | None, run_betas) -> dict:
+def grow_moments(entry: dict, rows: int, base_vocab_size: int, new: dict | None, run_betas,
+                 at_ids: list[int] | None = None) -> dict:
     """The AdamW state `entry` of a vocab-sized tensor, grown to `rows` rows.
 
     Rows below base_vocab_size keep their moments bit-identical; the new rows get `new`'s moments
     (`adapter_moments`: TIDE's own AdamW state of those rows) or zero; the rest (padding) zero.
+    With `at_ids` (new tokens on reserved ids) nothing grows: the rows at those ids get the new
+    rows' moments (or zero: the reserved token's moments belonged to another token), every other
+    row keeps its own.
 
     Why the rescale: AdamW reads a moment through its tensor's bias correction, m / (1 - beta1^t),
     with t the tensor's own step count. The run's tensor is at step t_run while TIDE's rows were
@@ -70,6 +74,15 @@ def grow_moments(entry: dict, rows: int, base_vocab_size: int, new: dict | None,
         if key not in entry:
             continue
         old = entry[key]
+        if at_ids is not None:
+            grown = old.clone()
+            index = torch.tensor(at_ids, dtype=torch.long, device=old.device)
+            grown[index] = 0
+            if new is not None:
+                source = new["exp_avg" if key == "exp_avg" else "exp_avg_sq"].double() * scale[key]
+                grown[index] = source.to(old.device, old.dtype)
+            resized[key] = grown
+            continue
         grown = old.new_zeros((rows,) + tuple(old.shape[1:]))
         grown[:base_vocab_size] = old[:base_vocab_size]
         if new is not None:
@@ -175,8 +188,10 @@ class TrainerCheckpoint:
     optimizer_state: dict
     global_step: int | None
 
-    def extend(self, model, *, base_vocab_size: int, adapter_optimizer_state: dict | None) -> tuple[dict, dict]:
-        """optimizer.pt for the extended (merged, resized) `model`, and a report of what was done."""
+    def extend(self, model, *, base_vocab_size: int, adapter_optimizer_state: dict | None,
+               at_ids: list[int] | None = None) -> tuple[dict, dict]:
+        """optimizer.pt for the extended (merged, resized) `model`, and a report of what was done
+        (`at_ids`: the new rows sit on those reserved ids, grow_moments)."""
         names = trainer_parameter_order(model)
         params = dict(model.named_parameters())
         roles = vocab_parameters(model)
@@ -193,7 +208,8 @@ class TrainerCheckpoint:
                 if role is None:
                     state[index] = entry
                     continue
-                state[index] = grow_moments(entry, params[name].shape[0], base_vocab_size, moments.get(role), group["betas"])
+                state[index] = grow_moments(entry, params[name].shape[0], base_vocab_size, moments.get(role), group["betas"],
+                                            at_ids=at_ids)
                 report["resized"].append(name)
         return {"state": state, "param_groups": saved["param_groups"]}, report
 
