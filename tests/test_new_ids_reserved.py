@@ -269,3 +269,52 @@ def test_ids_the_processor_or_the_tokenizer_names_are_never_free(gemma3_tokenize
     free = check_reserved_job(spec, tokenizer, None, model_folder=tmp_path)
     assert [token.content for token in free[:2]] == ["<unused3>", "<unused4>"]
     assert check_reserved_job(SimpleNamespace(new_ids="append"), tokenizer, None) is None
+
+
+def test_a_trainer_checkpoint_on_reserved_ids_keeps_its_moments_in_place_and_resumes(llama3_base, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
+    from extension.training.optimizer_state import trainer_parameter_order, vocab_parameters
+
+    tokenizer = AutoTokenizer.from_pretrained(llama3_base)
+    texts = [{"text": f"Case {i}: ciprofloxacin after immunohistochemistry of the sample."} for i in range(8)]
+
+    def collate(rows, tokenizer_now=None):
+        batch = (tokenizer_now or tokenizer)([row["text"] for row in rows], return_tensors="pt")
+        return {**batch, "labels": batch["input_ids"]}
+
+    def args(out, steps, save):
+        return TrainingArguments(output_dir=str(out), max_steps=steps, per_device_train_batch_size=2, report_to=[],
+                                 use_cpu=True, save_strategy="steps" if save else "no", save_steps=steps,
+                                 remove_unused_columns=False, dataloader_num_workers=0, logging_steps=1000)
+
+    torch.set_num_threads(1)
+    Trainer(model=AutoModelForCausalLM.from_pretrained(llama3_base), args=args(tmp_path / "run", 2, True),
+            train_dataset=texts, data_collator=collate, processing_class=tokenizer).train()
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    terms = tmp_path / "terms.txt"
+    terms.write_text("ciprofloxacin\n")
+    assert _extend(checkpoint, tmp_path / "out", terms, "--steps", "2", "--batch-size", "1", "--seq-len", "32",
+                   "--selection", "none", "--new-ids", "reserved") == 0
+    out = tmp_path / "out"
+    taken = [entry["id"] for entry in json.loads((out / "tide_extension.json").read_text())["reserved_tokens"]]
+    model = AutoModelForCausalLM.from_pretrained(out)
+    order = [name for group in trainer_parameter_order(model) for name in group]
+    vocab = {name for name, p in model.named_parameters() if id(p) in vocab_parameters(model)}
+    before = torch.load(checkpoint / "optimizer.pt", weights_only=True)["state"]
+    after = torch.load(out / "optimizer.pt", weights_only=True)["state"]
+    others = torch.ones(128256, dtype=torch.bool)
+    others[taken] = False
+    for index, old in before.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            new = after[index][key]
+            assert new.shape == old[key].shape
+            if order[index] in vocab:
+                assert torch.equal(new[others], old[key][others]) and new[taken].abs().sum() > 0
+            else:
+                assert torch.equal(new, old[key])
+    new_tokenizer = AutoTokenizer.from_pretrained(out)
+    trainer = Trainer(model=model.train(), args=args(tmp_path / "resumed", 3, False), train_dataset=texts,
+                      data_collator=lambda rows: collate(rows, new_tokenizer))
+    trainer.train(resume_from_checkpoint=str(out))
+    assert trainer.state.global_step == 3
