@@ -1,11 +1,13 @@
-"""Does `tide extend` work on the model families users bring? (issue 23, "Prove")
+"""Does `tide extend` work on the model families users bring? (issue 23, "Prove"; issue 40's layouts)
 
 Runs every case of tests/model_families.py — real tokenizers of Llama 3 (GGUF conversion and the
 original layout with `ignore_merges`), Qwen 2 (both layouts, the original with an embedding
-padded past its tokenizer), Llama 2 / Mistral, Phi-3, DeepSeek LLM and Coder, Falcon, GPT-2 and
-the two built-ins; tiny random models of Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3, Qwen3-MoE
-and Mixtral; tied and untied, fp32 and bf16, one file and sharded — through `tide extend`, checks
-each published folder (tests/model_families.check_published) and converts it with llama.cpp's own
+padded past its tokenizer), Llama 2 / Mistral, Phi-3, DeepSeek LLM and Coder, Falcon, GPT-2,
+GPT-NeoX and the two built-ins; tiny random models of Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3,
+Qwen3-MoE, Mixtral, GPT-2, Granite, Cohere, BLOOM, OPT (projected embedding), Mamba, and the
+multimodal Gemma 3, Qwen2-VL and LLaVA; tied and untied, fp32 and bf16, one file and sharded, a
+base padded to a multiple of 128 — through `tide extend`, checks each published folder
+(tests/published_checks.check_published) and converts it with llama.cpp's own
 `convert_hf_to_gguf.py` (from the llama-cpp-python sdist), reading the GGUF back to find every new
 token at its id.
 
@@ -32,10 +34,9 @@ sys.path.insert(0, str(REPO))
 
 from tests.model_families import (  # noqa: E402
     CASES, FAMILIES, SDIST, TERMS, base_checkpoint, check_published, corpus_text, extend_args, llama_cpp_dir,
+    tokenizer_ids_end, work_folder,
 )
-
-CHECKS = ["loads", "old_ids", "old_rows", "one_token", "same_ids_on_plain_text", "decodes", "layout",
-          "llama_cpp_pre_tokenizer"]
+from tests.published_checks import CHECKS  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results" / "model_families.md"
 
 
@@ -71,20 +72,25 @@ def convert_to_gguf(published: Path, outfile: Path) -> dict:
 
 
 def run_case(case, folder: Path, terms_file: Path, corpus_file: Path, model_sources) -> dict:
+    from transformers import AutoTokenizer
+
     from app.cli import main
 
     base = base_checkpoint(case, model_sources)
+    config = json.loads((base / "config.json").read_text())
+    base_rows = config.get("text_config", {}).get("vocab_size") or config["vocab_size"]
     out = folder / case.id
     started = time.perf_counter()
     code = main(extend_args(case, base, out, terms_file, corpus_file))
     seconds = round(time.perf_counter() - started, 1)
     row = {"case": case.id, "family": case.family, "architecture": case.architecture, "tied": case.tied,
-           "dtype": case.dtype, "sharded": case.sharded, "padded_rows": case.padded_rows, "trained": case.train,
-           "exit_code": code, "seconds": seconds}
+           "dtype": case.dtype, "sharded": case.sharded, "trained": case.train, "exit_code": code, "seconds": seconds,
+           # rows past every id the base's tokenizer uses, however the case made them (multimodal builders pad their own)
+           "padded_rows": base_rows - tokenizer_ids_end(AutoTokenizer.from_pretrained(base))}
     if code != 0:
         return row
     extension = json.loads((out / "tide_extension.json").read_text())
-    row["checks"] = check_published(case, base, out)
+    row["checks"] = check_published(case, base, out, work_folder(out))
     row["vocab"] = extension["vocab"]
     row["terms"] = {t["term"]: t["mechanism"] for t in extension["terms"]}
     row["skipped"] = {s["term"]: s["detail"] for s in extension["skipped"]}
@@ -94,8 +100,9 @@ def run_case(case, folder: Path, terms_file: Path, corpus_file: Path, model_sour
     return row
 
 
-def mark(value: str) -> str:
-    return "pass" if value == "" else ("n/a" if value == "n/a" else "FAIL")
+def mark(value: str | None) -> str:
+    """A check's cell; None: not run (the published folder did not load)."""
+    return "-" if value is None else "pass" if value == "" else ("n/a" if value == "n/a" else "FAIL")
 
 
 def gguf_cell(gguf: dict) -> str:
@@ -110,8 +117,22 @@ def report(payload: dict) -> str:
         "",
         f"Tokenizers: llama.cpp's vocab-only GGUF test files from `{SDIST}`, converted by transformers; "
         "`-original` = the family's own layout (special tokens only as added tokens after the BPE vocabulary; "
-        "Llama 3 with `ignore_merges`). Weights: tiny random models (2 layers, hidden 32) of the named class. "
-        f"Terms: {', '.join(TERMS)}. `--steps 0`, or 2 steps on FOLDOC text with every term kept where 'trained'.",
+        "Llama 3 with `ignore_merges`); gpt-neox: its vocab file read by transformers' GGUF tokenizer builder. "
+        "Weights: tiny random models (2 layers, hidden 32) of the named class; the multimodal ones with a one-layer "
+        "vision tower and their processor (Qwen2-VL has none: its processor needs torchvision). "
+        f"Terms: {', '.join(TERMS)}. `--steps 0`, or 2 steps on FOLDOC text (with a paragraph that uses every term) "
+        "with every term kept where 'trained'.",
+        "",
+        "Checks (tests/published_checks.py): loads = the family's Auto class loads it as the base's class, and base + "
+        "adapter load; processor = AutoProcessor loads it as the base's processor, every processor file carried over; "
+        "config = every base setting kept but the vocabulary size; old_ids = no old token moved; old_rows = every "
+        "vocab-indexed table's old rows bit-identical; other_weights = every other tensor (norms, projections, vision "
+        "tower) bit-identical; one_token = each term's forms are one token; same_ids_on_plain_text = text without the "
+        "new strings encodes as the base encodes it; decodes = text with the terms round-trips; forward_new_tokens = "
+        "text with new tokens (after an image for multimodal) gives finite logits; old_logits = old ids' logits on plain "
+        "text are the base's; adapter_logits = base + adapter predicts as the merged folder; trained_rows = trained "
+        "rows differ from the rows training started from; padding = rows a multiple of the base's 128, else of 64; "
+        "layout = dtypes, tying and sharding kept; llama_cpp_pre_tokenizer = llama.cpp still names the pre-tokenizer.",
         "",
         "| case | architecture | tied | dtype | shards | padded rows | " + " | ".join(CHECKS) + " | GGUF (llama.cpp): base | extended | first new id | s |",
         "| --- | --- | --- | --- | --- | ---: | " + " | ".join("---" for _ in CHECKS) + " | --- | --- | --- | ---: |",
@@ -123,7 +144,7 @@ def report(payload: dict) -> str:
             lines.append(head + " | ".join("-" for _ in CHECKS) + f" | - | exit {row['exit_code']} | - | {row['seconds']} |")
             continue
         base, extended = (gguf_cell(row[key]) for key in ("base_gguf", "gguf"))
-        lines.append(head + " | ".join(mark(row["checks"][c]) for c in CHECKS)
+        lines.append(head + " | ".join(mark(row["checks"].get(c)) for c in CHECKS)
                      + f" | {base} | {extended} | {row['vocab']['base_vocab_size']:,} | {row['seconds']} |")
     failures = [(row["case"], check, why) for row in payload["rows"] if row["exit_code"] == 0
                 for check, why in row["checks"].items() if why not in ("", "n/a")]
@@ -132,18 +153,18 @@ def report(payload: dict) -> str:
     converted = [row for row in payload["rows"] if row["exit_code"] == 0 and row["gguf"]["converted"]]
     base_converted = [row for row in payload["rows"] if row["exit_code"] == 0 and row["base_gguf"]["converted"]]
     lost = [row["case"] for row in base_converted if not row["gguf"]["converted"]]
-    refused = [row["family"] for row in payload["rows"] if row["exit_code"] == 0 and not row["gguf"]["converted"]]
+    refused = [row["case"] for row in payload["rows"] if row["exit_code"] == 0 and not row["gguf"]["converted"]]
     lines += [f"llama.cpp converts {len(converted)} of {len(payload['rows'])} extended folders and "
               f"{len(base_converted)} of their bases; it refuses {len(refused)} ({', '.join(refused) or 'none'}); "
               f"extended folders refused where their base converts: {', '.join(lost) if lost else 'none'}."]
     lines += ["", "Where GGUF conversion was refused, llama.cpp's message:"]
-    lines += [f"- {row['family']}: {row['gguf']['error']}" for row in payload["rows"]
+    lines += [f"- {row['case']}: {row['gguf']['error']}" for row in payload["rows"]
               if row["exit_code"] == 0 and not row["gguf"]["converted"]]
     lines += ["", "New tokens at their ids in the converted GGUF (token or text):"]
-    lines += [f"- {row['family']}: {row['gguf']['new_tokens_at_their_ids']}" for row in payload["rows"]
+    lines += [f"- {row['case']}: {row['gguf']['new_tokens_at_their_ids']}" for row in payload["rows"]
               if row["exit_code"] == 0 and row["gguf"]["converted"]]
     lines += ["", "Terms a family could not take as one token, and why:"]
-    lines += [f"- {row['family']}: {term}: {why}" for row in payload["rows"] if row["exit_code"] == 0
+    lines += [f"- {row['case']}: {term}: {why}" for row in payload["rows"] if row["exit_code"] == 0
               for term, why in row["skipped"].items()] or ["- none"]
     lines += ["", f"Machine: {payload['machine']}."]
     return "\n".join(lines) + "\n"

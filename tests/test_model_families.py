@@ -1,7 +1,9 @@
 """Every model family of tests/model_families.py through `tide extend`: real tokenizers of
-Llama 3, Qwen 2, Llama 2 / Mistral, Phi-3, DeepSeek, Falcon, GPT-2 and the built-ins, tiny random
-models of their architectures, tied and untied, fp32 and bf16, one file and sharded, padded
-embeddings. Each published folder must pass every check of `check_published`."""
+Llama 3, Qwen 2, Llama 2 / Mistral, Phi-3, DeepSeek, Falcon, GPT-2, GPT-NeoX and the built-ins,
+tiny random models of their architectures, tied and untied, fp32 and bf16, one file and sharded,
+padded embeddings, and the embedding layouts of issue 40 (BLOOM's embedding LayerNorm, OPT's
+projection, scaled logits, Mamba, Gemma 3 / Qwen2-VL / LLaVA multimodal). Each published folder
+must pass every check of `check_published`."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import json
 import pytest
 
 from app.cli import main
-from tests.model_families import CASES, TERMS, base_checkpoint, check_published, corpus_text, extend_args
+from tests.model_families import CASES, TERMS, base_checkpoint, check_published, corpus_text, extend_args, work_folder
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +29,13 @@ def test_a_family_is_extended_without_moving_an_old_id(case, inputs, cli_env, mo
     base = base_checkpoint(case, model_sources)
     out = tmp_path / "out"
     assert main(extend_args(case, base, out, terms_file, corpus_file)) == 0
-    failed = {check: why for check, why in check_published(case, base, out).items() if why not in ("", "n/a")}
+    checks = check_published(case, base, out, work_folder(out))
+    failed = {check: why for check, why in checks.items() if why not in ("", "n/a")}
     assert not failed, failed
+    assert (checks["trained_rows"] == "") == case.train
+    # a processor to check wherever one can be built here (Qwen2-VL's needs torchvision)
+    assert (checks["processor"] == "") == (case.architecture in ("LlavaForConditionalGeneration",
+                                                                 "Gemma3ForConditionalGeneration"))
     extension = json.loads((out / "tide_extension.json").read_text())
     assert {term["term"] for term in extension["terms"]} | {s["term"] for s in extension["skipped"]} == set(TERMS)
 
