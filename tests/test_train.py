@@ -292,7 +292,8 @@ def test_terms_objectives_train(smollm2_extended, tiny_49k, objective):
     model = copy.deepcopy(tiny_49k)
     adapter = attach(model, smollm2_extended.base_vocab_size, rows)
     before = [float(data.loss(adapter, s)[0].detach()) for s in range(2)]
-    train_rows(model, adapter, data, TrainConfig(steps=8, batch_size=2, seq_len=32, lr=1e-2, warmup_steps=1))
+    # contexts now start after BOS/EOS; at lr 1e-2 the tiny model's distill loss overshot (237.59 vs 237.58)
+    train_rows(model, adapter, data, TrainConfig(steps=16, batch_size=2, seq_len=32, lr=3e-3, warmup_steps=1))
     after = [float(data.loss(adapter, s)[0].detach()) for s in range(2)]
     assert sum(after) < sum(before)
 
