@@ -73,15 +73,20 @@ FAMILIES = {f.name: f for f in [
 
 def family_tokenizer_dir(name: str, model_sources=None) -> Path:
     """A folder with the family's tokenizer.json (+ config files), converted once and cached."""
+    family = FAMILIES[name]
+    return built_once(TOKENIZER_CACHE / name, "tokenizer.json", lambda staging: _convert(family, staging, model_sources))
+
+
+def built_once(target: Path, marker: str, build) -> Path:
+    """`target`, built by `build(staging folder)` unless it holds `marker` already. Under a file
+    lock and renamed into place whole, so parallel test workers never read a half-built folder."""
     from filelock import FileLock
 
-    family = FAMILIES[name]
-    target = TOKENIZER_CACHE / name
     target.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(target) + ".lock"):
-        if not (target / "tokenizer.json").exists():
+        if not (target / marker).exists():
             staging = target.with_name(target.name + ".partial")
-            _convert(family, staging, model_sources)
+            build(staging)
             staging.rename(target)
     return target
 

@@ -157,20 +157,13 @@ def base_checkpoint(case: Case, model_sources=None) -> Path:
     that build it, so a change to how cases are built builds them again)."""
     import hashlib
 
-    from filelock import FileLock
-
     from tests import multimodal_models
+    from tests.family_tokenizers import built_once
 
     builders = Path(__file__).read_bytes() + Path(multimodal_models.__file__).read_bytes()
     digest = hashlib.sha256(builders).hexdigest()[:12]
-    target = MACHINE_CACHE / "models" / digest / case.id
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
-        if not (target / "config.json").exists():
-            staging = target.with_name(target.name + ".partial")
-            build_checkpoint(case, staging, model_sources)
-            staging.rename(target)
-    return target
+    return built_once(MACHINE_CACHE / "models" / digest / case.id, "config.json",
+                      lambda staging: build_checkpoint(case, staging, model_sources))
 
 
 def corpus_text() -> str:
