@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from .errors import InvalidCorpusError, InvalidOptionError, UnsupportedCheckpointError
+from .errors import InvalidCorpusError, InvalidOptionError, UnsupportedCheckpointError, UnsupportedModelError
+from .plan.new_ids import appended_ids_not_text
 from .rows.init import apply_rows
 from .training.optimizer_state import grow_live_optimizer, vocab_parameters
 from .plan.options import defaults_for_device
@@ -80,8 +81,13 @@ def extend_during_training(trainer, *, at_step: int, terms: list[str] | None = N
         # reserved ids mid-run is not built.
         raise InvalidOptionError(option="new_ids", problem=(
             "is 'reserved', which extend_during_training does not support: a live run's new tokens are appended; "
-            "leave new_ids unset (append), or extend the saved checkpoint with `tide extend --new-ids reserved`"))
+            "leave new_ids unset or 'append', or extend the saved checkpoint with `tide extend --new-ids reserved`"))
     _check_trainer(trainer)
+    not_text = appended_ids_not_text(getattr(trainer.model, "config", None))
+    if not_text:  # Gemma 3n: a live run can only append, and there an appended id is not text
+        raise UnsupportedModelError(
+            f"extend_during_training appends the new tokens, but {not_text}: extend a saved checkpoint with "
+            "`tide extend` instead, which puts them on reserved ids for this model", param=None)
     callback = ExtendVocabularyCallback(trainer, spec, at_step, callbacks)
     trainer.add_callback(callback)
     return callback

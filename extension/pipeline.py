@@ -44,6 +44,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
 
     with stage("load"):
         plan, model, checkpoint = load_base(plan, sources, callbacks)
+    spec = plan.spec  # new_ids 'auto' is now 'append' or 'reserved' (plan/new_ids.py)
     tokenizer, rows_in_use = plan.tokenizer, model.get_input_embeddings().weight.shape[0]
     mined = None
     if plan.mines_corpus:  # a corpus and no terms: mining chooses the terms and extends the tokenizer
@@ -78,6 +79,8 @@ def load_base(plan: JobPlan, sources: ModelSources, callbacks: Callbacks):
     base is checked now (layout, optimizer kind) and carried over at publish."""
     plan = plan_model(plan, sources)  # tokenizer, config, dtype, memory: no weights read yet
     callbacks.on_event("memory_plan", plan.memory.to_json())
+    if plan.new_ids_reason:
+        callbacks.on_event("new_ids", {"new_ids": plan.spec.new_ids, "reason": plan.new_ids_reason})
     model = load_model(plan.resolved, sources, placement=plan.placement,
                        offload_folder=offload_folder(plan, callbacks.work_dir)).eval()
     model.requires_grad_(False)

@@ -43,6 +43,8 @@ class JobPlan:
     max_shard_bytes: int | None = None  # shard the published weights like the base (None: transformers' default)
     # new_ids 'reserved': the free reserved tokens (tokenizer.reserved), enough for the job; None: 'append'
     reserved: list | None = None
+    # new_ids 'auto' that chose 'reserved' (plan.new_ids): why, for the job's report; None otherwise
+    new_ids_reason: str | None = None
 
     @property
     def model_path(self) -> str | None:
@@ -85,6 +87,7 @@ def plan_model(plan: JobPlan, sources: ModelSources) -> JobPlan:
     that offloads the embedding, and a job that cannot fit its device."""
     from ..tokenizer import check_extendable
     from ..tokenizer.reserved import check_reserved_job
+    from .new_ids import resolve_new_ids
     from ..training.loop import TrainConfig, max_positions
 
     spec = plan.spec
@@ -95,6 +98,10 @@ def plan_model(plan: JobPlan, sources: ModelSources) -> JobPlan:
     TrainConfig.from_spec(spec).validate(max_positions=max_positions(SimpleNamespace(config=config)))
     check_device_map(config, plan.placement.device_map)
     model_path = resolved.path if resolved.kind != "hub" else None
+    # 'auto' becomes 'append' or 'reserved' here, from the config: the rest of the job (and its
+    # record) sees only what it runs with
+    new_ids, new_ids_reason = resolve_new_ids(spec.new_ids, config, base_model=spec.base_model)
+    spec = replace(spec, new_ids=new_ids)
     reserved = check_reserved_job(spec, tokenizer, config, model_folder=model_path)
     stored = checkpoint_dtype(config, model_path)
     dtype = plan.placement.compute_dtype(stored)
@@ -104,8 +111,9 @@ def plan_model(plan: JobPlan, sources: ModelSources) -> JobPlan:
     check_plan(memory, base_model=spec.base_model, batch_size=spec.batch_size, seq_len=spec.seq_len)
     # the published shard size: the base's, local or hub (None: transformers' default)
     shards = shard_limit(model_path, hub_id=resolved.path if resolved.kind == "hub" else None, token=sources.hub_token)
-    return replace(plan, resolved=resolved, tokenizer=tokenizer, config=config, stored_dtype=stored, compute_dtype=dtype,
-                   memory=memory, eval_batch_tokens=eval_tokens, max_shard_bytes=shards, reserved=reserved)
+    return replace(plan, spec=spec, resolved=resolved, tokenizer=tokenizer, config=config, stored_dtype=stored,
+                   compute_dtype=dtype, memory=memory, eval_batch_tokens=eval_tokens, max_shard_bytes=shards,
+                   reserved=reserved, new_ids_reason=new_ids_reason)
 
 
 def offload_folder(plan: JobPlan, work_dir: Path | None) -> Path | None:

@@ -138,13 +138,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("pad_to_multiple_of", int, 64, "pad the vocabulary up to a multiple of this (1: no padding)", 1, 4096, api_group="root"),
     # Where the new tokens' ids come from (issue 40 item 2; extension/tokenizer/reserved.py). The
     # job trains on appended ids either way; 'reserved' moves the chosen rows onto reserved ids
-    # before evaluation, so what is evaluated is what is published.
-    Option("new_ids", str, "append",
+    # before evaluation, so what is evaluated is what is published. 'auto' (issue 40 item 1) exists
+    # because an appended id is not text on every model: Gemma 3n routes ids past its per-layer
+    # table to the vision/audio embedders (extension/plan/new_ids.py), so there only reserved ids work.
+    Option("new_ids", str, "auto",
            "where new tokens get their ids: 'append' after every id in use (the embedding grows, padded as "
            "pad_to_multiple_of says); 'reserved' on the tokenizer's reserved unused tokens (Gemma's <unusedN>, Llama "
            "3's <|reserved_special_token_N|>), which become the new tokens, so the embedding keeps its size; a job "
-           "that needs more than are free is refused before any weights are read", choices=("append", "reserved"),
-           api_group="root"),
+           "that needs more than are free is refused before any weights are read; 'auto': 'reserved' for a model "
+           "whose own forward does not treat appended ids as text (Gemma 3n: ids past its per-layer embedding table "
+           "go to the vision/audio embedders; the job's report says so), 'append' for every other model. 'append' "
+           "on such a model is refused", choices=("auto", "append", "reserved"), api_group="root"),
     # initial rows (extension/rows/init.py, extension/rows/composition.py, extension/training/input_distillation.py);
     # measured in benchmarks/init_methods.py and, for 'distill' and 'subword_mean_norm' against the
     # composition, benchmarks/results/quality_{es,foldoc}_init_peers.md (chosen on those two only):

@@ -81,7 +81,8 @@ def _vocabulary_sentence(extension: dict, counts: dict) -> str:
                 f"(term forms and intermediate merges), padded to {vocab['vocab_size']:,} rows ({sides}).")
     return (f"The {counts.get('new_vocab_entries', '?')} new vocabulary entries (term forms and intermediate merges) "
             f"took the ids of reserved unused tokens of the base tokenizer (new_ids 'reserved'), so the embedding keeps "
-            f"its {vocab['vocab_size']:,} rows ({sides}) and every row but theirs is the base's, bit for bit.")
+            f"its {vocab['vocab_size']:,} rows ({sides}) and every row but theirs is the base's, bit for bit."
+            + (f" Chosen by the job: {vocab['new_ids_reason']}." if vocab.get("new_ids_reason") else ""))
 
 
 def _reserved_section(reserved: list[dict] | None) -> list[str]:

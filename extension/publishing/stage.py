@@ -34,6 +34,9 @@ class PipelineResult:
         if reserved is not None:
             lines.append(f"  new ids: {len(reserved)} reserved tokens taken, the embedding keeps its "
                          f"{self.extension['vocab']['vocab_size']:,} rows: {reserved_summary(reserved)}")
+        why = self.extension.get("vocab", {}).get("new_ids_reason")
+        if why:  # new_ids 'auto' chose reserved ids: the user did not ask for them, so say why
+            lines.append(f"  ({why})")
         for key, row in self.metrics.get("comparison", {}).items():
             if "before" in row:
                 lines.append(f"  {key}: {row['before']:.4f} -> {row['after']:.4f}")
@@ -68,7 +71,8 @@ def publish_job(plan, model, sources, *, chosen, trained, start, mined, metrics:
         "trained_steps": steps_done,
         "training": {k: v for k, v in metrics["training"].items() if k != "history"},
         "published_step": chosen.report.get("best_step", steps_done),
-        "vocab": {k: layout[k] for k in ("base_vocab_size", "vocab_size", "tied")} | {"new_ids": spec.new_ids},
+        "vocab": {k: layout[k] for k in ("base_vocab_size", "vocab_size", "tied")} | {"new_ids": spec.new_ids}
+        | ({"new_ids_reason": plan.new_ids_reason} if plan.new_ids_reason else {}),
         "padding_ids": layout["padding_ids"],
         **extended.to_json(),
         "selection": chosen.report,

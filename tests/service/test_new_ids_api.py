@@ -47,4 +47,4 @@ def test_a_reserved_job_is_accepted_and_its_worker_spec_carries_new_ids(client, 
     assert spec.new_ids == "reserved"
     default = build_spec(SimpleNamespace(id="job_x", request={"base_model": TINY_MODEL, "terms": ["x"]}), None,
                          Settings(data_dir=Path(os.devnull).parent))
-    assert default.new_ids == "append"
+    assert default.new_ids == "auto"  # the worker decides from the config: append, or reserved on Gemma 3n
