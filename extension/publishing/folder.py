@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import OutputExistsError
+from ..rows.per_layer import per_layer_table
 
 MANIFEST = "manifest.json"
 
@@ -100,14 +101,17 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def adapter_targets(model, input_module: str) -> list[str]:
-    """The modules the adapter must carry new rows for: the input embedding, and for an untied
-    model the output embedding too (its new rows are its own; an input-only adapter leaves the
-    base's resized head rows in place and predicts differently from the merged folder)."""
+    """The modules the adapter must carry new rows for: the input embedding, for an untied model
+    the output embedding too (its new rows are its own; an input-only adapter leaves the base's
+    resized head rows in place and predicts differently from the merged folder), and Gemma 3n's
+    per-layer table (its new ids' rows likewise)."""
     head = model.get_output_embeddings()
+    # Gemma 3n: the new ids' per-layer rows (rows/per_layer.py) are part of what the merged folder reads
+    per_layer = [name.rsplit(".", 1)[-1] for name, module in model.named_modules() if module is per_layer_table(model)]
     if head is None or head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr():
-        return [input_module]
+        return [input_module, *per_layer]
     names = [name for name, module in model.named_modules() if module is head]
-    return [input_module, names[0].rsplit(".", 1)[-1] if names else "lm_head"]
+    return [input_module, names[0].rsplit(".", 1)[-1] if names else "lm_head", *per_layer]
 
 
 def save_adapter(model, folder: Path, token_ids: list[int], target_module: str) -> None:

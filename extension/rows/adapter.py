@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import per_layer
 from .init import NewRows, apply_rows, is_tied, padded_vocab_size
 from .logits import LogitTransform, check_head
 from ..plan.options import DEFAULTS
@@ -239,6 +240,15 @@ class RowsAdapter(nn.Module):
         if bias is None and not tied and getattr(model.get_output_embeddings(), "bias", None) is not None:
             bias = torch.zeros(self.num_new)
         self.output_bias = None if bias is None else nn.Parameter(bias.detach().to(head_device, torch.float32).clone())
+        # Gemma 3n: the new tokens' rows of the per-layer table, trained with the input rows (registered
+        # last, so the other parameters keep their positions in checkpoints and optimizer states)
+        table = per_layer.per_layer_table(model)
+        if table is not None and rows.per_layer is None:
+            raise ValueError("this model has a per-layer embedding table: NewRows.per_layer is required "
+                             "(build rows with init.subword_mean_rows)")
+        self.per_layer_rows = None if table is None else nn.Parameter(
+            rows.per_layer.detach().to(table.weight.device, torch.float32).clone())
+        self._restore_per_layer = None
         self._requires_grad = {name: p.requires_grad for name, p in model.named_parameters()}
         self._original: tuple[nn.Module, nn.Module] | None = None
 
@@ -265,6 +275,8 @@ class RowsAdapter(nn.Module):
         self._original = (embedding, head)
         model.set_input_embeddings(_ExtendedEmbedding(embedding, self.input_rows, self.base_vocab_size))
         model.set_output_embeddings(ExtendedHead(self, head))
+        if self.per_layer_rows is not None:
+            self._restore_per_layer = per_layer.install(model, self.per_layer_rows, self.base_vocab_size)
         # The model transforms whatever its head returns, and tanh is bounded: the -inf padding
         # columns would come out as -cap, a real share of the softmax. While attached the head
         # applies the whole transform before it pads, and the model's own is off.
@@ -277,6 +289,9 @@ class RowsAdapter(nn.Module):
         embedding, head = self._original
         self.model.set_input_embeddings(embedding)
         self.model.set_output_embeddings(head)
+        if self._restore_per_layer is not None:
+            self._restore_per_layer()
+            self._restore_per_layer = None
         LogitTransform.restore(self._disabled)
         self._disabled = []
         self._original = None
@@ -346,7 +361,8 @@ class RowsAdapter(nn.Module):
         def copy(t):
             return None if t is None else t.detach().float().cpu().clone()
 
-        return NewRows(input=copy(self.input_rows), output=copy(self.output_rows), output_bias=copy(self.output_bias))
+        return NewRows(input=copy(self.input_rows), output=copy(self.output_rows), output_bias=copy(self.output_bias),
+                       per_layer=copy(self.per_layer_rows))
 
     def merge(self, into=None, **apply_kwargs) -> dict:
         """Detach, then write the trained rows into plain, resized weights.

@@ -30,6 +30,7 @@ from typing import Iterable, Sequence
 import torch
 
 from ..plan.options import DEFAULTS
+from . import per_layer
 
 # Total probability of all padding rows must stay below this at every position (issue 2).
 PADDING_PROBABILITY_LIMIT = 1e-4
@@ -37,11 +38,13 @@ PADDING_PROBABILITY_LIMIT = 1e-4
 
 @dataclass
 class NewRows:
-    """The values of the new rows (fp32). `output` is None for tied models: one set serves both."""
+    """The values of the new rows (fp32). `output` is None for tied models: one set serves both.
+    `per_layer`: Gemma 3n's per-layer embedding rows (rows/per_layer.py), None for other models."""
 
     input: torch.Tensor
     output: torch.Tensor | None = None
     output_bias: torch.Tensor | None = None
+    per_layer: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.input.shape[0]
@@ -68,7 +71,8 @@ def subword_mean_rows(model, new_tokens: Sequence, base_vocab_size: int) -> NewR
         counts = torch.bincount(owner, minlength=len(new_tokens)).clamp(min=1).float()
         return summed / counts.view(-1, *([1] * (picked.dim() - 1)))
 
-    rows = NewRows(input=means(embedding))
+    # Gemma 3n: the per-layer table starts the same way, from its own rows (None for other models)
+    rows = NewRows(input=means(embedding), per_layer=per_layer.mean_rows(model, new_tokens))
     if not tied:
         rows.output = means(head.weight)
         if getattr(head, "bias", None) is not None:
@@ -114,6 +118,7 @@ class RowInitializer:
             raise ValueError(f"init method {method!r} is not one of {', '.join(INIT_METHODS)}")
         self.method, self.fallback_reason = method, None
         self.base_vocab: dict[str, int] = base_tokenizer.backend_tokenizer.get_vocab(with_added_tokens=False)
+        self.per_layer = per_layer.per_layer_table(model) is not None
         self.fits: dict[str, object] = {}
         if method != "composition":
             return
@@ -137,6 +142,8 @@ class RowInitializer:
             if rows.output is not None:
                 rows.output = norm_corrected(rows.output, model.get_output_embeddings().weight, extended.new_tokens,
                                              extended.base_vocab_size)
+            if rows.per_layer is not None:
+                rows.per_layer = per_layer.mean_rows(model, extended.new_tokens, norm_corrected=True)
         if self.method == "composition":
             from .composition import composed_rows
 
@@ -153,6 +160,9 @@ class RowInitializer:
             report["asked"], report["fallback_reason"] = "composition", self.fallback_reason
         for side, fit in self.fits.items():
             report[side] = fit.report()
+        if self.per_layer:
+            # no composition is fitted on the per-layer table: its rows start at their pieces' mean
+            report["per_layer"] = "subword_mean_norm" if self.method == "subword_mean_norm" else "subword_mean"
         return report
 
 
@@ -229,6 +239,8 @@ def apply_rows(
     head = model.get_output_embeddings()
     first, end = base_vocab_size, base_vocab_size + len(rows)
     embedding[first:end] = rows.input.to(embedding.device, embedding.dtype)
+    if rows.per_layer is not None:  # a per-layer table that grew with the vocabulary (resize grows it too)
+        per_layer.write(model, rows.per_layer, range(first, end))
     if not tied:
         if rows.output is None:
             raise ValueError("untied model needs output rows; build them with subword_mean_rows")
@@ -261,6 +273,8 @@ def _write_at_reserved_ids(model, rows: NewRows, ids: list[int], *, base_vocab_s
     embedding = model.get_input_embeddings().weight
     index = torch.tensor(ids, dtype=torch.long, device=embedding.device)
     embedding[index] = rows.input.to(embedding.device, embedding.dtype)
+    if rows.per_layer is not None:  # Gemma 3n: reserved ids lie inside its per-layer table
+        per_layer.write(model, rows.per_layer, ids)
     if not tied:
         if rows.output is None:
             raise ValueError("untied model needs output rows; build them with subword_mean_rows")

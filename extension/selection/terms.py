@@ -366,7 +366,8 @@ def carry_rows(model, old, old_rows: NewRows, new, initial_rows: RowInitializer 
         return out
 
     return NewRows(input=take(old_rows.input, fresh.input), output=take(old_rows.output, fresh.output),
-                   output_bias=take(old_rows.output_bias, fresh.output_bias)), index
+                   output_bias=take(old_rows.output_bias, fresh.output_bias),
+                   per_layer=take(old_rows.per_layer, fresh.per_layer)), index
 
 
 def _subword_means(model, extended) -> NewRows:

@@ -5,7 +5,8 @@ model read the text after it as it reads the text after the token's ORIGINAL pie
 contexts around each new token, the teacher is the frozen base model reading the pieces, the
 student the same model reading the new token; the input rows are trained so that the student's
 final hidden states (the head's input) at the new token and every position after it match the
-teacher's at the aligned positions (the last piece of each token). Only the input rows move: the
+teacher's at the aligned positions (the last piece of each token). Only the input rows move (with,
+on Gemma 3n, the per-layer rows the same ids look up): the
 loss never touches the head, so an untied model's output rows keep their init, and a tied row is
 moved only through the path that reads it; the training that follows (next-token loss) then
 trains both sides as usual.
@@ -126,8 +127,10 @@ def distill_input_rows(adapter: RowsAdapter, contexts: list[list[int]], pieces: 
     contexts = [c for c in contexts if any(token >= adapter.base_vocab_size for token in c)]
     if not contexts:
         return DistillationReport(0, 0, time.perf_counter() - started, None, None)
-    optimizer = torch.optim.Adam([adapter.input_rows], lr=lr)
-    frozen = [p for p in adapter.parameters() if p is not adapter.input_rows and p.requires_grad]
+    # the input side: the input rows and, on Gemma 3n, the per-layer rows the same ids look up
+    inputs = [p for p in (adapter.input_rows, getattr(adapter, "per_layer_rows", None)) if p is not None]
+    optimizer = torch.optim.Adam(inputs, lr=lr)
+    frozen = [p for p in adapter.parameters() if all(p is not q for q in inputs) and p.requires_grad]
     for p in frozen:
         p.requires_grad_(False)
     generator = torch.Generator().manual_seed(seed)
@@ -162,7 +165,8 @@ def save_distilled(work_dir, key: dict, rows: NewRows, report: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"key": key, "input": rows.input.cpu(), "output": None if rows.output is None else rows.output.cpu(),
-                "output_bias": None if rows.output_bias is None else rows.output_bias.cpu(), "report": report}, tmp)
+                "output_bias": None if rows.output_bias is None else rows.output_bias.cpu(),
+                "per_layer": None if rows.per_layer is None else rows.per_layer.cpu(), "report": report}, tmp)
     os.replace(tmp, path)
 
 
@@ -175,4 +179,4 @@ def load_distilled(work_dir, key: dict) -> tuple[NewRows, dict] | None:
     state = torch.load(path, map_location="cpu", weights_only=False)
     if state.get("key") != key:
         return None
-    return NewRows(state["input"], state["output"], state["output_bias"]), state["report"]
+    return NewRows(state["input"], state["output"], state["output_bias"], state.get("per_layer")), state["report"]

@@ -167,6 +167,11 @@ def param_groups(adapter: RowsAdapter, config: TrainConfig) -> list[dict]:
     dense = [p for p in (adapter.output_rows, adapter.output_bias) if p is not None]
     if dense:
         groups.append({"params": dense, "lr_scale": 1.0, "name": "output_rows"})
+    if getattr(adapter, "per_layer_rows", None) is not None:
+        # Gemma 3n's per-layer rows are looked up by token id like the input rows: sparse, same LR. A
+        # group of their own, last, so the groups above keep their places (optimizer_state reads them).
+        groups.append({"params": [adapter.per_layer_rows], "lr_scale": config.embedding_lr_multiplier,
+                       "name": "per_layer_rows"})
     for group in groups:
         group["weight_decay"] = config.weight_decay
     return groups
