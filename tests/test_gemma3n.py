@@ -1,9 +1,14 @@
 """Gemma 3n's per-layer embeddings (issue 40 item 1): a tiny random Gemma3nForCausalLM with the
 real Gemma tokenizer through `tide extend`. The per-layer table (`embed_tokens_per_layer`) is
 indexed by token id up to `vocab_size_per_layer_input`; ids past it get row 0 in the model's own
-forward (and in the multimodal class go to the vision/audio embedders)."""
+forward (and in the multimodal class go to the vision/audio embedders), so new tokens must take
+reserved `<unusedN>` ids below it (new_ids 'auto' picks those; 'append' is refused), their
+per-layer rows start at their pieces' mean and train with the input rows, and every other row of
+every vocab-indexed table stays bit-identical."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -12,29 +17,60 @@ from safetensors.torch import load_file
 from app.cli import main
 
 PER_LAYER_ROWS = 262144  # Gemma 3n's text ids; 262,144..262,399 are its soft (vision/audio) tokens
+VOCAB = 262400
+PLAIN = "The cat sat on the mat because it was warm there."  # no new term in it
 
 
-@pytest.fixture(scope="module")
-def extended(gemma3_tokenizer_path, tmp_path_factory):
+def _base(gemma3_tokenizer_path, folder):
     from transformers import AutoTokenizer, Gemma3nForCausalLM, Gemma3nTextConfig
 
-    folder = tmp_path_factory.mktemp("gemma3n")
     tokenizer = AutoTokenizer.from_pretrained(gemma3_tokenizer_path)
     config = Gemma3nTextConfig(
-        vocab_size=262400, vocab_size_per_layer_input=PER_LAYER_ROWS, hidden_size=32, hidden_size_per_layer_input=4,
+        vocab_size=VOCAB, vocab_size_per_layer_input=PER_LAYER_ROWS, hidden_size=32, hidden_size_per_layer_input=4,
         num_hidden_layers=2, intermediate_size=[64, 64], num_attention_heads=2, num_key_value_heads=1, head_dim=16,
         layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0, laurel_rank=4, altup_num_inputs=2,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
-    Gemma3nForCausalLM(config).save_pretrained(folder / "base")
+    model = Gemma3nForCausalLM(config)
+    # transformers initialises AltUp's correct_output_scale to zeros, which multiplies the per-layer
+    # path by 0 (no per-layer row would matter, none would get a gradient); a trained Gemma 3n's is not
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.altup.correct_output_scale.fill_(1.0)
+    model.save_pretrained(folder / "base")
     tokenizer.save_pretrained(folder / "base")
     (folder / "terms.txt").write_text("ciprofloxacin\nimmunohistochemistry\n")
+    return folder / "base"
+
+
+def _extend(folder, base, out, *extra):
     torch.set_num_threads(1)
+    # --precision checkpoint: a CPU with bf16 in hardware would otherwise start the rows from the
+    # bf16 model's tables, and the rows could not be compared with the fp32 files' means exactly
+    return main(["extend", "--base-model", str(base), "--terms", str(folder / "terms.txt"), "--eval-bytes", "1000",
+                 "--precision", "checkpoint", "--out", str(out), *extra])
+
+
+@pytest.fixture(scope="module")
+def gemma3n_base(gemma3_tokenizer_path, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("gemma3n")
+    return folder, _base(gemma3_tokenizer_path, folder)
+
+
+@pytest.fixture(scope="module")
+def extended(gemma3n_base):
+    folder, base = gemma3n_base
     # Before the memory plan read a per-layer intermediate_size list, this exited on int(list).
-    code = main(["extend", "--base-model", str(folder / "base"), "--terms", str(folder / "terms.txt"), "--steps", "0",
-                 "--eval-bytes", "1000", "--out", str(folder / "out")])
-    assert code == 0
-    return folder / "base", folder / "out"
+    assert _extend(folder, base, folder / "out", "--steps", "0") == 0
+    return base, folder / "out"
+
+
+@pytest.fixture(scope="module")
+def trained(gemma3n_base):
+    folder, base = gemma3n_base
+    # --selection none: the last step is published (validation may keep step 0, the init, on a random model)
+    assert _extend(folder, base, folder / "trained", "--steps", "2", "--init", "subword_mean", "--selection", "none") == 0
+    return base, folder / "trained"
 
 
 def _tensors(folder):
@@ -44,11 +80,31 @@ def _tensors(folder):
     return tensors
 
 
-def test_a_gemma3n_job_publishes_and_keeps_every_old_per_layer_row(extended):
+def _new_tokens(out):
+    return json.loads((out / "tide_extension.json").read_text())["new_tokens"]
+
+
+def _per_layer_name(tensors):
+    return next(n for n in tensors if n.endswith("embed_tokens_per_layer.weight"))
+
+
+def _pieces_mean(table, token):
+    return table[token["base_ids"]].float().mean(0)
+
+
+def test_a_gemma3n_job_keeps_every_row_but_the_taken_reserved_ids_of_every_vocab_indexed_table(extended):
     base, out = extended
     old, new = _tensors(base), _tensors(out)
-    name = next(n for n in old if n.endswith("embed_tokens_per_layer.weight"))
-    assert torch.equal(new[name][:PER_LAYER_ROWS], old[name])
+    taken = [token["id"] for token in _new_tokens(out)]
+    kept = torch.ones(VOCAB, dtype=torch.bool)
+    kept[taken] = False
+    assert set(new) == set(old)
+    for name, tensor in old.items():
+        assert new[name].shape == tensor.shape, name
+        if tensor.shape[0] in (VOCAB, PER_LAYER_ROWS) and tensor.dim() == 2:  # input, head, per-layer tables
+            assert torch.equal(new[name][kept[: tensor.shape[0]]], tensor[kept[: tensor.shape[0]]]), name
+        else:
+            assert torch.equal(new[name], tensor), name
 
 
 def test_the_published_gemma3n_runs_text_with_new_tokens(extended):
@@ -57,22 +113,103 @@ def test_the_published_gemma3n_runs_text_with_new_tokens(extended):
     _, out = extended
     tokenizer = AutoTokenizer.from_pretrained(out)
     ids = tokenizer("ciprofloxacin and immunohistochemistry", return_tensors="pt").input_ids
+    assert set(ids[0].tolist()) & {token["id"] for token in _new_tokens(out)}
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     with torch.no_grad():
         assert model(ids).logits.isfinite().all()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 40 item 1, not built yet: new terms are appended after 262,400 and "
-                   "transformers' resize grows the per-layer table with random rows, so the old soft-token ids "
-                   "262,144..262,399 lose their row-0 routing and new tokens' per-layer rows are neither "
-                   "initialised from their pieces nor trained; needs new ids on reserved <unusedN> ids")
 def test_new_gemma3n_tokens_are_ids_the_model_routes_as_text_and_old_ids_route_as_before(extended):
-    import json
-
     base, out = extended
     config = json.loads((out / "config.json").read_text())
     assert config["vocab_size_per_layer_input"] == PER_LAYER_ROWS  # old soft tokens still get row 0
+    assert config["vocab_size"] == VOCAB
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(out)(" ciprofloxacin", add_special_tokens=False).input_ids
     assert len(ids) == 1 and ids[0] < PER_LAYER_ROWS
+
+
+def test_unset_new_ids_takes_reserved_ids_on_gemma3n_and_the_report_says_why(extended):
+    _, out = extended
+    record = json.loads((out / "tide_extension.json").read_text())
+    assert record["vocab"]["new_ids"] == "reserved" and "per-layer" in record["vocab"]["new_ids_reason"]
+    assert all(entry["reserved"].startswith("<unused") for entry in record["reserved_tokens"])
+    assert "Chosen by the job" in (out / "README.md").read_text()
+
+
+def test_new_per_layer_rows_start_at_the_mean_of_their_pieces_per_layer_rows(extended):
+    base, out = extended
+    old, new = _tensors(base), _tensors(out)
+    name = _per_layer_name(old)
+    for token in _new_tokens(out):
+        expected = _pieces_mean(old[name], token).to(new[name].dtype)
+        assert torch.allclose(new[name][token["id"]], expected, atol=1e-6), token["token"]
+        assert not torch.equal(new[name][token["id"]], old[name][token["id"]])  # the reserved token's row is gone
+
+
+def test_old_token_logits_on_plain_text_are_the_base_models(extended):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base, out = extended
+    ids = AutoTokenizer.from_pretrained(out)(PLAIN, return_tensors="pt").input_ids
+    assert torch.equal(ids, AutoTokenizer.from_pretrained(base)(PLAIN, return_tensors="pt").input_ids)
+    kept = torch.ones(VOCAB, dtype=torch.bool)
+    kept[[token["id"] for token in _new_tokens(out)]] = False
+    with torch.no_grad():
+        before = AutoModelForCausalLM.from_pretrained(base).eval()(ids).logits
+        after = AutoModelForCausalLM.from_pretrained(out).eval()(ids).logits
+    assert after.shape == before.shape
+    assert torch.equal(after[..., kept], before[..., kept])
+
+
+def test_trained_per_layer_rows_move_from_their_start_and_old_rows_do_not(trained):
+    base, out = trained
+    old, new = _tensors(base), _tensors(out)
+    name = _per_layer_name(old)
+    record = json.loads((out / "tide_extension.json").read_text())
+    assert record["trained_steps"] == 2 and record["init"]["per_layer"] == "subword_mean"
+    tokens = _new_tokens(out)
+    moved = [not torch.allclose(new[name][t["id"]], _pieces_mean(old[name], t), atol=1e-6) for t in tokens]
+    assert any(moved), "no per-layer row of a new token moved in training"
+    kept = torch.ones(PER_LAYER_ROWS, dtype=torch.bool)
+    kept[[t["id"] for t in tokens]] = False
+    assert torch.equal(new[name][kept], old[name][kept])
+
+
+def test_explicit_append_on_gemma3n_is_refused_before_anything_is_written(gemma3n_base, capsys):
+    folder, base = gemma3n_base
+    out = folder / "appended"
+    assert _extend(folder, base, out, "--steps", "0", "--new-ids", "append") == 2
+    error = capsys.readouterr().err
+    assert "--new-ids reserved" in error and "262,144" in error
+    assert not out.exists()
+
+
+def test_which_configs_route_appended_ids_away_from_text():
+    from transformers import Gemma3nConfig, Gemma3nTextConfig, LlamaConfig
+
+    from extension.errors import InvalidOptionError
+    from extension.plan.new_ids import resolve_new_ids
+
+    # the multimodal config: its text_config's per-layer table, and its vision / audio embedders
+    assert resolve_new_ids("auto", Gemma3nConfig(), base_model="m")[0] == "reserved"
+    assert resolve_new_ids("auto", LlamaConfig(), base_model="m") == ("append", None)
+    grows = Gemma3nTextConfig(vocab_size=1000, vocab_size_per_layer_input=1000)  # a table that grows as text
+    assert resolve_new_ids("auto", grows, base_model="m") == ("append", None)
+    assert resolve_new_ids("reserved", Gemma3nConfig(), base_model="m") == ("reserved", None)
+    with pytest.raises(InvalidOptionError, match="new-ids reserved"):
+        resolve_new_ids("append", Gemma3nConfig(), base_model="m")
+
+
+def test_the_adapter_on_the_base_model_predicts_as_the_published_folder(extended):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base, out = extended
+    ids = AutoTokenizer.from_pretrained(out)("ciprofloxacin and immunohistochemistry", return_tensors="pt").input_ids
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(out).eval()(ids).logits
+        # reserved ids: the adapter applies to the base as it is, per-layer rows included
+        adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), out / "adapter").eval()(ids).logits
+    assert torch.allclose(adapted, merged, atol=1e-5)
