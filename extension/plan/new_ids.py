@@ -56,8 +56,7 @@ def resolve_new_ids(asked: str, config, *, base_model: str) -> tuple[str, str | 
     if asked == "auto":
         if why is None:
             return "append", None
-        return "reserved", (f"new tokens take reserved ids (new_ids 'auto'): appended ids would not be text, "
-                            f"since {why}")
+        return "reserved", f"new_ids 'auto' chose reserved ids: an appended id would not be text, since {why}"
     if asked == "append" and why is not None:
         raise InvalidOptionError(option="new_ids", problem=(
             f"is 'append', but on {base_model} {why}: a new token appended after the vocabulary would not be "

@@ -36,7 +36,7 @@ class PipelineResult:
                          f"{self.extension['vocab']['vocab_size']:,} rows: {reserved_summary(reserved)}")
         why = self.extension.get("vocab", {}).get("new_ids_reason")
         if why:  # new_ids 'auto' chose reserved ids: the user did not ask for them, so say why
-            lines.append(f"  ({why})")
+            lines.append(f"  {why}")
         for key, row in self.metrics.get("comparison", {}).items():
             if "before" in row:
                 lines.append(f"  {key}: {row['before']:.4f} -> {row['after']:.4f}")
