@@ -13,7 +13,7 @@ from pathlib import Path
 from tests.family_tokenizers import inp_texts, llama_cpp_pre_tokenizer
 
 CHECKS = ["loads", "processor", "config", "old_ids", "old_rows", "other_weights", "one_token", "same_ids_on_plain_text", "decodes",
-          "forward_new_tokens", "old_logits", "adapter_logits", "trained_rows", "padding", "layout",
+          "forward_new_tokens", "old_logits", "adapter_logits", "trained_rows", "padding", "reserved_ids", "layout",
           "llama_cpp_pre_tokenizer"]
 # Text with none of the new token strings: it must encode exactly as the base encodes it.
 MIXED_TEXT = (
@@ -84,6 +84,10 @@ class _Folders:
         self.adapted = None
         self.processor = None  # set by the "processor" check
         self.new_ids = [t["id"] for t in self.extension["new_tokens"]]
+        # new_ids 'reserved': the reserved tokens the new ones replaced, same ids (their rows and
+        # strings change by design; every other old row and string must not)
+        self.reserved = self.extension.get("reserved_tokens") or []
+        self.taken = sorted(entry["id"] for entry in self.reserved)
         self.with_terms = "In the " + ", ".join(term["term"] for term in self.extension["terms"]) + " study."
 
     @property
@@ -93,6 +97,19 @@ class _Folders:
     @property
     def rows(self) -> int:
         return self.model.get_input_embeddings().weight.shape[0]
+
+    @property
+    def per_layer_rows(self) -> int | None:
+        """Rows of the base's per-layer table (Gemma 3n's `embed_tokens_per_layer`), else None."""
+        return getattr(self.base.config.get_text_config(), "vocab_size_per_layer_input", None)
+
+    def kept(self, rows: int):
+        """[rows] bool: the old rows of a vocab-indexed table with `rows` rows, without the taken reserved ids."""
+        import torch
+
+        mask = torch.ones(rows, dtype=torch.bool)
+        mask[[i for i in self.taken if i < rows]] = False
+        return mask
 
 
 def _loads(f: _Folders) -> str:
@@ -153,8 +170,10 @@ def _config(f: _Folders) -> str:
 
 
 def _old_ids(f: _Folders) -> str:
+    """No old token moved or went, but the reserved tokens the new ones replaced (reserved_ids checks those)."""
     old, new = f.base_tok.get_vocab(), f.tok.get_vocab()
-    moved = [(s, i, new.get(s)) for s, i in old.items() if new.get(s) != i]
+    replaced = {entry["reserved"] for entry in f.reserved}
+    moved = [(s, i, new.get(s)) for s, i in old.items() if new.get(s) != i and s not in replaced]
     owners: dict[int, list[str]] = {}
     for string, token_id in new.items():
         owners.setdefault(token_id, []).append(string)
@@ -170,13 +189,21 @@ def _old_ids(f: _Folders) -> str:
 
 def _weights(f: _Folders) -> tuple[str, str]:
     """(old_rows, other_weights): read from the files as written. A vocab-indexed table is any
-    tensor with one row per base embedding row (input, head, a head bias, a per-layer table): its
-    old rows must be bit-identical; every other tensor (norms, projections, a vision tower) whole."""
+    tensor with one row per base embedding row (input, head, a head bias) or per row of the base's
+    per-layer table (Gemma 3n's, fewer rows than the input's): its old rows (but the taken reserved
+    ids') must be bit-identical; every other tensor (norms, projections, a vision tower) whole."""
     import torch
 
     old, new = saved_tensors(f.base_dir), saved_tensors(f.out_dir)
-    tables = [name for name, tensor in old.items() if tensor.dim() and tensor.shape[0] == f.base_rows]
-    changed = [name for name in tables if name not in new or not torch.equal(new[name][: f.base_rows], old[name])]
+    sizes = {f.base_rows, f.per_layer_rows} - {None}
+    tables = [name for name, tensor in old.items() if tensor.dim() and tensor.shape[0] in sizes]
+
+    def same(name):
+        rows = old[name].shape[0]
+        kept = f.kept(rows)
+        return name in new and torch.equal(new[name][:rows][kept], old[name][kept])
+
+    changed = [name for name in tables if not same(name)]
     others = [name for name in old if name not in tables and (name not in new or not torch.equal(new[name], old[name]))]
     added = sorted(set(new) - set(old))
     old_rows = f"old rows changed in {changed}" if changed else ("" if tables else "no vocab-indexed table found")
@@ -239,7 +266,8 @@ def _old_logits(f: _Folders) -> str:
     with torch.no_grad():
         before = f.base(**inputs).logits.float()
         after = f.model(**inputs).logits[..., : before.shape[-1]].float()
-    difference = (after - before).abs().max().item()
+    kept = f.kept(before.shape[-1])  # a taken reserved id's logit is the new token's
+    difference = (after[..., kept] - before[..., kept]).abs().max().item()
     tolerance = OLD_LOGITS_TOLERANCE[f.case.dtype]
     return "" if difference <= tolerance else f"old-token logits differ by up to {difference:.4g} (tolerance {tolerance})"
 
@@ -270,11 +298,18 @@ def _trained_rows(f: _Folders) -> str:
     path = Path(f.work_dir) / DISTILLED_NAME
     if not path.exists():
         return f"the work folder holds no initial rows ({DISTILLED_NAME})"
+    from extension.rows.per_layer import per_layer_table
+
     start = torch.load(path, map_location="cpu", weights_only=False)
     counts = []
     pairs = [("input", f.model.get_input_embeddings().weight)]
     if not f.case.tied:
         pairs.append(("output", f.model.get_output_embeddings().weight))
+    table = per_layer_table(f.model)
+    if table is not None:  # Gemma 3n: the new ids' per-layer rows train with the input rows
+        if start.get("per_layer") is None:
+            return "the work folder's initial rows hold no per-layer rows"
+        pairs.append(("per_layer", table.weight))
     for name, weight in pairs:
         published = weight[f.new_ids].detach()
         changed = int((published != start[name].to(published.dtype)).any(dim=1).sum())
@@ -291,6 +326,28 @@ def _padding(f: _Folders) -> str:
     configured = f.model.config.get_text_config().vocab_size
     problems = [f"{f.rows} rows, not a multiple of {multiple} (base {f.base_rows})" if f.rows % multiple else "",
                 f"config vocab_size {configured}, {f.rows} rows" if configured != f.rows else ""]
+    return "; ".join(filter(None, problems))
+
+
+def _reserved_ids(f: _Folders) -> str:
+    """A job on reserved ids (new_ids 'reserved', asked for or chosen by 'auto'): the embedding and
+    the config keep their sizes, and every new token sits on the id of a reserved token of the base
+    tokenizer (Gemma's <unusedN>, Llama 3's <|reserved_special_token_N|>) that the config does not name."""
+    from extension.tokenizer.reserved import RESERVED_PATTERN, config_named_ids
+
+    if f.extension["vocab"].get("new_ids") != "reserved":
+        return "n/a"
+    base_strings = {i: s for s, i in f.base_tok.get_vocab().items()}
+    text, base_text = f.model.config.get_text_config(), f.base.config.get_text_config()
+    named = config_named_ids(f.base.config)
+    not_reserved = [i for i in f.new_ids if not RESERVED_PATTERN.fullmatch(base_strings.get(i, ""))]
+    problems = [
+        f"{f.rows} rows, the base had {f.base_rows}" if f.rows != f.base_rows else "",
+        f"config vocab_size {text.vocab_size}, the base's {base_text.vocab_size}" if text.vocab_size != base_text.vocab_size else "",
+        f"new ids not on reserved tokens: {[(i, base_strings.get(i)) for i in not_reserved[:3]]}" if not_reserved else "",
+        f"new ids the config names: {sorted(named & set(f.new_ids))}" if named & set(f.new_ids) else "",
+        "the reserved tokens taken are not the new tokens' ids" if sorted(f.new_ids) != f.taken else "",
+    ]
     return "; ".join(filter(None, problems))
 
 
@@ -341,7 +398,7 @@ def check_published(case, base_dir: Path, out_dir: Path, work_dir: Path | None =
     for name, check in [("one_token", _one_token), ("same_ids_on_plain_text", _same_ids_on_plain_text),
                         ("decodes", _decodes), ("forward_new_tokens", _forward_new_tokens), ("old_logits", _old_logits),
                         ("adapter_logits", _adapter_logits), ("trained_rows", _trained_rows), ("padding", _padding),
-                        ("layout", _layout), ("llama_cpp_pre_tokenizer", _llama_cpp_pre_tokenizer)]:
+                        ("reserved_ids", _reserved_ids), ("layout", _layout), ("llama_cpp_pre_tokenizer", _llama_cpp_pre_tokenizer)]:
         run(name, check)
     assert list(results) == CHECKS
     return results
