@@ -9,7 +9,10 @@ Each case sets the checkpoint properties users bring: tied or untied, fp32 or bf
 sharded with an index, an embedding with more rows than the tokenizer has tokens (or padded to a
 multiple of 128), and the embedding layouts beyond one matrix (issue 40): an embedding LayerNorm
 (BLOOM), a projected embedding (OPT), scaled logits (Granite, Cohere), a state-space model
-(Mamba), and multimodal classes whose text vocabulary holds image tokens (tests/multimodal_models.py).
+(Mamba), Gemma 3n's per-layer table (`embed_tokens_per_layer`, 262,144 rows beside 262,400 input
+rows), and multimodal classes whose text vocabulary holds image tokens (tests/multimodal_models.py).
+Cases with `new_ids="reserved"` put the new terms on the tokenizer's reserved unused tokens
+(Gemma's `<unusedN>`, Llama 3's `<|reserved_special_token_N|>`) instead of growing the vocabulary.
 
 Used by tests/test_model_families.py (every case through `tide extend`) and
 benchmarks/model_families.py (the same cases, plus llama.cpp's converter, into a results table);
@@ -68,6 +71,7 @@ class Case:
     padded_rows: int = 0  # embedding rows beyond every id the tokenizer uses
     pad_to: int = 0  # embedding rows rounded up to this multiple (0: not)
     train: bool = False  # also train the new rows for 2 steps on a small corpus (else --steps 0)
+    new_ids: str = ""  # `--new-ids` ("reserved"); "": the default ('auto')
 
     @property
     def auto_class(self) -> str:
@@ -82,7 +86,7 @@ class Case:
         return "-".join([self.family, short.lower(), "tied" if self.tied else "untied",
                          {"float32": "fp32", "bfloat16": "bf16"}[self.dtype], "sharded" if self.sharded else "1file"]
                         + (["padded"] if self.padded_rows else []) + ([f"pad{self.pad_to}"] if self.pad_to else [])
-                        + (["trained"] if self.train else []))
+                        + ([self.new_ids] if self.new_ids else []) + (["trained"] if self.train else []))
 
 
 # Every tokenizer at least once, every architecture at least once, each checkpoint property with
@@ -116,6 +120,15 @@ CASES = [
     Case("gemma3", "Gemma3ForConditionalGeneration", tied=True, dtype="float32", sharded=False),
     Case("qwen2", "Qwen2VLForConditionalGeneration", tied=False, dtype="float32", sharded=False),
     Case("llama2-spm", "LlavaForConditionalGeneration", tied=False, dtype="bfloat16", sharded=True, train=True),
+    # Gemma 3n E2B/E4B's text layout: a per-layer table of 262,144 rows beside 262,400 input rows (ids
+    # past it are soft tokens), so new terms take reserved <unusedN> ids (new_ids 'auto'); trained, so
+    # the per-layer rows train too. The multimodal class is not here: its vision tower needs timm, and
+    # timm needs a torchvision that no wheel provides for this CPU torch.
+    Case("gemma3", "Gemma3nForCausalLM", tied=True, dtype="float32", sharded=True, train=True),
+    # --new-ids reserved on the two tokenizers that reserve unused tokens: the embedding keeps its size
+    Case("gemma3", "Gemma3ForCausalLM", tied=True, dtype="float32", sharded=False, new_ids="reserved"),
+    Case("llama3-original", "LlamaForCausalLM", tied=False, dtype="float32", sharded=False, new_ids="reserved",
+         train=True),
 ]
 TERMS = ["ciprofloxacin", "immunohistochemistry", "SARS-CoV-2", "免疫组化", "naïveté"]
 TERMS_PARAGRAPH = ("Immunohistochemistry of the biopsy was negative for SARS-CoV-2, so ciprofloxacin was started; "
@@ -129,8 +142,8 @@ def build_checkpoint(case: Case, folder: Path, model_sources=None) -> Path:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer_dir = family_tokenizer_dir(case.family, model_sources)
-    if case.architecture in MULTIMODAL:
-        family, build = MULTIMODAL[case.architecture]
+    if case.architecture in MULTIMODAL or case.architecture in BUILT_APART:
+        family, build = {**MULTIMODAL, **BUILT_APART}[case.architecture]
         assert family == case.family and not case.padded_rows and not case.pad_to, case
         build(folder, tokenizer_dir, dtype=case.dtype, sharded=case.sharded)
         return folder
@@ -150,6 +163,37 @@ def build_checkpoint(case: Case, folder: Path, model_sources=None) -> Path:
     model.save_pretrained(folder, max_shard_size="16KB" if case.sharded else "10GB")
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def build_gemma3n_text(folder: Path, tokenizer_dir: Path, *, dtype: str = "float32", sharded: bool = False) -> Path:
+    """Gemma 3n's text model (Gemma3nForCausalLM) with the real Gemma tokenizer and the real
+    per-layer ratio: 262,400 input rows, a per-layer table of the first 262,144 (ids past it are
+    the soft tokens, which read row 0), 4 per-layer values per layer."""
+    import torch
+    from transformers import AutoTokenizer, Gemma3nForCausalLM, Gemma3nTextConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = Gemma3nTextConfig(
+        vocab_size=262400, vocab_size_per_layer_input=262144, hidden_size=32, hidden_size_per_layer_input=4,
+        num_hidden_layers=2, intermediate_size=[64, 64], num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+        layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0, laurel_rank=4, altup_num_inputs=4,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    model = Gemma3nForCausalLM(config)
+    # transformers initialises AltUp's correct_output_scale to zeros, which multiplies the per-layer
+    # path by 0 (no per-layer row would matter, none would get a gradient); a trained Gemma 3n's is not
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.altup.correct_output_scale.fill_(1.0)
+    # Tiny layers, so a tiny limit: 3+ shards even where the embedding takes one of its own.
+    model.to(getattr(torch, dtype)).save_pretrained(folder, max_shard_size="16KB" if sharded else "10GB")
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+# class name -> (the family whose tokenizer it carries, its builder): text models whose config the
+# shared tiny shape cannot describe
+BUILT_APART = {"Gemma3nForCausalLM": ("gemma3", build_gemma3n_text)}
 
 
 def base_checkpoint(case: Case, model_sources=None) -> Path:
@@ -190,6 +234,8 @@ def extend_args(case: Case, base: Path, out: Path, terms_file: Path, corpus_file
     """`tide extend` arguments for a case: init only, or 2 training steps on the corpus with every term kept."""
     args = ["extend", "--base-model", str(base), "--terms", str(terms_file), "--eval-bytes", "1000", "--out", str(out)]
     if case.train:
-        return args + ["--corpus", str(corpus_file), "--steps", "2", "--batch-size", "2", "--seq-len", "64", "--keep-all-terms",
-                       "--work-dir", str(work_folder(out))]
-    return args + ["--steps", "0"]
+        args += ["--corpus", str(corpus_file), "--steps", "2", "--batch-size", "2", "--seq-len", "64", "--keep-all-terms",
+                 "--work-dir", str(work_folder(out))]
+    else:
+        args += ["--steps", "0"]
+    return args + (["--new-ids", case.new_ids] if case.new_ids else [])

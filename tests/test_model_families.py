@@ -2,7 +2,8 @@
 Llama 3, Qwen 2, Llama 2 / Mistral, Phi-3, DeepSeek, Falcon, GPT-2, GPT-NeoX and the built-ins,
 tiny random models of their architectures, tied and untied, fp32 and bf16, one file and sharded,
 padded embeddings, and the embedding layouts of issue 40 (BLOOM's embedding LayerNorm, OPT's
-projection, scaled logits, Mamba, Gemma 3 / Qwen2-VL / LLaVA multimodal). Each published folder
+projection, scaled logits, Mamba, Gemma 3n's per-layer table, Gemma 3 / Qwen2-VL / LLaVA
+multimodal), and new terms on reserved ids (Gemma 3 and Llama 3 tokenizers). Each published folder
 must pass every check of `check_published`."""
 
 from __future__ import annotations
@@ -80,3 +81,45 @@ def test_a_tokenizer_the_model_cannot_hold_is_refused_before_its_weights_are_rea
         plan_model(plan_inputs(spec), model_sources)
     assert refused.value.code == "unsupported_tokenizer" and refused.value.param == "base_model"
     assert "resize the model's embeddings to cover every token id" in refused.value.message and loads == []
+
+
+def test_the_checks_read_gemma3n_per_layer_table(inputs, cli_env, model_sources, tmp_path):
+    """The Gemma 3n case's checks cover its per-layer table, which has fewer rows than the input
+    table (262,144 of 262,400) and so is not found by the input's row count: an old per-layer row
+    changed in the published files fails old_rows, and new per-layer rows put back where training
+    started fail trained_rows. Checks that missed the table would pass both folders."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from extension.training.input_distillation import DISTILLED_NAME
+
+    case = next(case for case in CASES if case.architecture == "Gemma3nForCausalLM")
+    terms_file, corpus_file = inputs
+    base = base_checkpoint(case, model_sources)
+    out = tmp_path / "out"
+    assert main(extend_args(case, base, out, terms_file, corpus_file)) == 0
+    new_ids = [token["id"] for token in json.loads((out / "tide_extension.json").read_text())["new_tokens"]]
+    suffix = "embed_tokens_per_layer.weight"
+    shard = next(path.name for path in out.glob("*.safetensors") if any(n.endswith(suffix) for n in load_file(path)))
+
+    def published_with(name, change):
+        folder = tmp_path / name
+        shutil.copytree(out, folder)
+        tensors = load_file(folder / shard)
+        change(next(tensor for key, tensor in tensors.items() if key.endswith(suffix)))
+        save_file(tensors, folder / shard, metadata={"format": "pt"})
+        return check_published(case, base, folder, work_folder(out))
+
+    assert 100 not in new_ids
+    changed = published_with("old-row-changed", lambda table: table[100].add_(1.0))
+    assert suffix in changed["old_rows"], changed["old_rows"]
+    start = torch.load(work_folder(out) / DISTILLED_NAME, map_location="cpu", weights_only=False)["per_layer"]
+
+    def back_to_start(table):
+        table[new_ids] = start.to(table.dtype)
+
+    untrained = published_with("per-layer-untrained", back_to_start)
+    assert "no per_layer row moved" in untrained["trained_rows"], untrained["trained_rows"]
+    assert untrained["old_rows"] == ""  # new rows may move; only old ones must not
