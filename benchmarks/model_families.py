@@ -4,9 +4,10 @@ Runs every case of tests/model_families.py — real tokenizers of Llama 3 (GGUF 
 original layout with `ignore_merges`), Qwen 2 (both layouts, the original with an embedding
 padded past its tokenizer), Llama 2 / Mistral, Phi-3, DeepSeek LLM and Coder, Falcon, GPT-2,
 GPT-NeoX and the two built-ins; tiny random models of Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3,
-Qwen3-MoE, Mixtral, GPT-2, Granite, Cohere, BLOOM, OPT (projected embedding), Mamba, and the
-multimodal Gemma 3, Qwen2-VL and LLaVA; tied and untied, fp32 and bf16, one file and sharded, a
-base padded to a multiple of 128 — through `tide extend`, checks each published folder
+Qwen3-MoE, Mixtral, GPT-2, Granite, Cohere, BLOOM, OPT (projected embedding), Mamba, Gemma 3n's
+text model (per-layer table), and the multimodal Gemma 3, Qwen2-VL and LLaVA; tied and untied, fp32
+and bf16, one file and sharded, a base padded to a multiple of 128, new terms on reserved ids
+(Gemma 3 and Llama 3 tokenizers) — through `tide extend`, checks each published folder
 (tests/published_checks.check_published) and converts it with llama.cpp's own
 `convert_hf_to_gguf.py` (from the llama-cpp-python sdist), reading the GGUF back to find every new
 token at its id.
@@ -84,7 +85,8 @@ def run_case(case, folder: Path, terms_file: Path, corpus_file: Path, model_sour
     code = main(extend_args(case, base, out, terms_file, corpus_file))
     seconds = round(time.perf_counter() - started, 1)
     row = {"case": case.id, "family": case.family, "architecture": case.architecture, "tied": case.tied,
-           "dtype": case.dtype, "sharded": case.sharded, "trained": case.train, "exit_code": code, "seconds": seconds,
+           "dtype": case.dtype, "sharded": case.sharded, "trained": case.train, "new_ids_asked": case.new_ids or "auto",
+           "exit_code": code, "seconds": seconds,
            # rows past every id the base's tokenizer uses, however the case made them (multimodal builders pad their own)
            "padded_rows": base_rows - tokenizer_ids_end(AutoTokenizer.from_pretrained(base))}
     if code != 0:
@@ -92,6 +94,8 @@ def run_case(case, folder: Path, terms_file: Path, corpus_file: Path, model_sour
     extension = json.loads((out / "tide_extension.json").read_text())
     row["checks"] = check_published(case, base, out, work_folder(out))
     row["vocab"] = extension["vocab"]
+    row["new_token_ids"] = [t["id"] for t in extension["new_tokens"]]
+    row["reserved_tokens"] = extension.get("reserved_tokens")
     row["terms"] = {t["term"]: t["mechanism"] for t in extension["terms"]}
     row["skipped"] = {s["term"]: s["detail"] for s in extension["skipped"]}
     row["gguf"] = convert_to_gguf(out, folder / f"{case.id}.gguf")
@@ -109,6 +113,11 @@ def gguf_cell(gguf: dict) -> str:
     return f"pre `{gguf['pre_tokenizer']}`" if gguf["converted"] else "refused"
 
 
+def first_new_id(row: dict) -> int:
+    """The lowest id a new token took: a reserved token's on reserved ids, else the base vocabulary's end."""
+    return min(row["new_token_ids"]) if row.get("new_token_ids") else row["vocab"]["base_vocab_size"]
+
+
 def report(payload: dict) -> str:
     lines = [
         "# Model families through `tide extend`",
@@ -119,33 +128,42 @@ def report(payload: dict) -> str:
         "`-original` = the family's own layout (special tokens only as added tokens after the BPE vocabulary; "
         "Llama 3 with `ignore_merges`); gpt-neox: its vocab file read by transformers' GGUF tokenizer builder. "
         "Weights: tiny random models (2 layers, hidden 32) of the named class; the multimodal ones with a one-layer "
-        "vision tower and their processor (Qwen2-VL has none: its processor needs torchvision). "
+        "vision tower and their processor (Qwen2-VL has none: its processor needs torchvision); Gemma3nForCausalLM with "
+        "Gemma 3n's per-layer ratio (262,400 input rows, a per-layer table of 262,144, 4 values per layer). "
+        "'reserved ids': the new terms took the tokenizer's reserved unused tokens (`--new-ids reserved`, or on Gemma 3n "
+        "chosen by the default 'auto'). Not run: Gemma3nForConditionalGeneration (its vision tower needs timm, which "
+        "needs torchvision; no torchvision wheel works with this CPU torch). "
         f"Terms: {', '.join(TERMS)}. `--steps 0`, or 2 steps on FOLDOC text (with a paragraph that uses every term) "
         "with every term kept where 'trained'.",
         "",
         "Checks (tests/published_checks.py): loads = the family's Auto class loads it as the base's class, and base + "
         "adapter load; processor = AutoProcessor loads it as the base's processor, every processor file carried over; "
-        "config = every base setting kept but the vocabulary size; old_ids = no old token moved; old_rows = every "
-        "vocab-indexed table's old rows bit-identical; other_weights = every other tensor (norms, projections, vision "
+        "config = every base setting kept but the vocabulary size; old_ids = no old token moved (but the reserved "
+        "tokens the new ones replaced); old_rows = every vocab-indexed table's old rows (input, head, per-layer; but the "
+        "taken reserved ids') bit-identical; other_weights = every other tensor (norms, projections, vision "
         "tower) bit-identical; one_token = each term's forms are one token; same_ids_on_plain_text = text without the "
         "new strings encodes as the base encodes it; decodes = text with the terms round-trips; forward_new_tokens = "
         "text with new tokens (after an image for multimodal) gives finite logits; old_logits = old ids' logits on plain "
         "text are the base's; adapter_logits = base + adapter predicts as the merged folder; trained_rows = trained "
-        "rows differ from the rows training started from; padding = rows a multiple of the base's 128, else of 64; "
+        "rows (input, head, per-layer) differ from the rows training started from; padding = rows a multiple of the "
+        "base's 128, else of 64; reserved_ids = on reserved ids, the embedding and config keep their sizes and every "
+        "new token sits on a reserved token's id that the config does not name; "
         "layout = dtypes, tying and sharding kept; llama_cpp_pre_tokenizer = llama.cpp still names the pre-tokenizer.",
         "",
         "| case | architecture | tied | dtype | shards | padded rows | " + " | ".join(CHECKS) + " | GGUF (llama.cpp): base | extended | first new id | s |",
         "| --- | --- | --- | --- | --- | ---: | " + " | ".join("---" for _ in CHECKS) + " | --- | --- | --- | ---: |",
     ]
     for row in payload["rows"]:
-        head = (f"| {row['family']}{' (trained)' if row['trained'] else ''} | {row['architecture']} | "
+        on_reserved = (row.get("vocab") or {}).get("new_ids", row.get("new_ids_asked")) == "reserved"
+        marks = ", ".join(([] if not row["trained"] else ["trained"]) + ([] if not on_reserved else ["reserved ids"]))
+        head = (f"| {row['family']}{f' ({marks})' if marks else ''} | {row['architecture']} | "
                 f"{'tied' if row['tied'] else 'untied'} | {row['dtype']} | {'3+' if row['sharded'] else '1'} | {row['padded_rows']} | ")
         if row["exit_code"] != 0:
             lines.append(head + " | ".join("-" for _ in CHECKS) + f" | - | exit {row['exit_code']} | - | {row['seconds']} |")
             continue
         base, extended = (gguf_cell(row[key]) for key in ("base_gguf", "gguf"))
         lines.append(head + " | ".join(mark(row["checks"].get(c)) for c in CHECKS)
-                     + f" | {base} | {extended} | {row['vocab']['base_vocab_size']:,} | {row['seconds']} |")
+                     + f" | {base} | {extended} | {first_new_id(row):,} | {row['seconds']} |")
     failures = [(row["case"], check, why) for row in payload["rows"] if row["exit_code"] == 0
                 for check, why in row["checks"].items() if why not in ("", "n/a")]
     lines += ["", f"Cases: {len(payload['rows'])}; failed checks: {len(failures)}."]
@@ -163,6 +181,12 @@ def report(payload: dict) -> str:
     lines += ["", "New tokens at their ids in the converted GGUF (token or text):"]
     lines += [f"- {row['case']}: {row['gguf']['new_tokens_at_their_ids']}" for row in payload["rows"]
               if row["exit_code"] == 0 and row["gguf"]["converted"]]
+    lines += ["", "New tokens on reserved ids (the reserved tokens they replaced, first .. last, with their ids; "
+              "the embedding keeps its rows):"]
+    lines += [f"- {row['case']}: {len(row['reserved_tokens'])} taken, `{row['reserved_tokens'][0]['reserved']}` "
+              f"({row['reserved_tokens'][0]['id']:,}) .. `{row['reserved_tokens'][-1]['reserved']}` "
+              f"({row['reserved_tokens'][-1]['id']:,})"
+              for row in payload["rows"] if row["exit_code"] == 0 and row.get("reserved_tokens")] or ["- none"]
     lines += ["", "Terms a family could not take as one token, and why:"]
     lines += [f"- {row['case']}: {term}: {why}" for row in payload["rows"] if row["exit_code"] == 0
               for term, why in row["skipped"].items()] or ["- none"]
