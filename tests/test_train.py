@@ -230,7 +230,7 @@ def test_teacher_ids_expand_new_tokens_to_their_original_pieces(smollm2_extended
         assert span == (pieces[token] if token >= smollm2_extended.base_vocab_size else [token])
 
 
-def test_distillation_targets_move_the_piece_chain_to_the_new_token(smollm2_extended, tiny_49k):
+def test_distillation_targets_move_the_piece_chain_to_the_prompted_term_and_keep_written_ones(smollm2_extended, tiny_49k):
     from extension.training.term_contexts import TermContextObjective
 
     ext = smollm2_extended
@@ -248,9 +248,14 @@ def test_distillation_targets_move_the_piece_chain_to_the_new_token(smollm2_exte
         adapter.detach()
     assert torch.all(p_old[-1] == 0) and torch.all(p_new[-1] == 0)  # nothing after the last token
     assert torch.allclose(p_old.sum(1)[:-1] + p_new.sum(1)[:-1], torch.ones(len(context.student) - 1), atol=1e-5)
+    new_positions = [j for j in range(len(context.student) - 1) if context.student[j + 1] >= ext.base_vocab_size]
+    assert len(new_positions) == 2  # Fortran (put into the text), then Macintosh (as if the model wrote it)
     for j in range(len(context.student) - 1):
         nxt = context.student[j + 1]
         expected = teacher[context.last_piece[j]].clone()
+        if j in new_positions[1:]:  # a term the base model wrote itself: the sampled token is the target
+            assert p_new[j, nxt - ext.base_vocab_size] == 1 and p_new[j].sum() == 1 and torch.all(p_old[j] == 0)
+            continue
         if nxt >= ext.base_vocab_size:
             first, last = context.first_piece[j + 1], context.last_piece[j + 1]
             chain = torch.prod(torch.stack([teacher[pos - 1, context.teacher[pos]] for pos in range(first, last + 1)]))
