@@ -22,23 +22,11 @@ PLAIN = "The cat sat on the mat because it was warm there."  # no new term in it
 
 
 def _base(gemma3_tokenizer_path, folder):
-    from transformers import AutoTokenizer, Gemma3nForCausalLM, Gemma3nTextConfig
+    # the model-family matrix's Gemma 3n text layout (AltUp's correct_output_scale set to 1: transformers
+    # initialises it to zeros, which would multiply the per-layer path by 0)
+    from tests.model_families import build_gemma3n_text
 
-    tokenizer = AutoTokenizer.from_pretrained(gemma3_tokenizer_path)
-    config = Gemma3nTextConfig(
-        vocab_size=VOCAB, vocab_size_per_layer_input=PER_LAYER_ROWS, hidden_size=32, hidden_size_per_layer_input=4,
-        num_hidden_layers=2, intermediate_size=[64, 64], num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0, laurel_rank=4, altup_num_inputs=2,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    model = Gemma3nForCausalLM(config)
-    # transformers initialises AltUp's correct_output_scale to zeros, which multiplies the per-layer
-    # path by 0 (no per-layer row would matter, none would get a gradient); a trained Gemma 3n's is not
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.altup.correct_output_scale.fill_(1.0)
-    model.save_pretrained(folder / "base")
-    tokenizer.save_pretrained(folder / "base")
+    build_gemma3n_text(folder / "base", gemma3_tokenizer_path)
     (folder / "terms.txt").write_text("ciprofloxacin\nimmunohistochemistry\n")
     return folder / "base"
 
