@@ -80,8 +80,12 @@ def test_a_job_that_leaves_steps_unset_trains_its_devices_default(tmp_path, tiny
 
     terms = tmp_path / "terms.txt"
     terms.write_text("\n".join(TERMS) + "\n")
-    assert main(["extend", "--base-model", str(tiny_model_dir), "--terms", str(terms), "--out", str(tmp_path / "out"),
-                 "--batch-size", "2", "--seq-len", "32", "--eval-bytes", "1000", "--checkpoint-every", "0"]) == 0
+    # with examples: a terms-only job without them trains only where it writes 100 contexts per term
+    examples = tmp_path / "examples.txt"
+    examples.write_text("\n\n".join(f"A note on {term} and how {term} is used." for term in TERMS))
+    assert main(["extend", "--base-model", str(tiny_model_dir), "--terms", str(terms), "--examples", str(examples),
+                 "--out", str(tmp_path / "out"), "--batch-size", "2", "--seq-len", "32", "--eval-bytes", "1000",
+                 "--checkpoint-every", "0"]) == 0
     extension = json.loads((tmp_path / "out" / "tide_extension.json").read_text())
     device = extension["device_defaults"]["device"]
     assert device == ("cuda" if torch.cuda.is_available() else "cpu_bf16" if devices.cpu_computes_bf16() else "cpu")

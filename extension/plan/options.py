@@ -183,7 +183,8 @@ OPTIONS: tuple[Option, ...] = (
     # issue 26's 1.5x of the composed start's CPU time allows there with the distillation
     # (benchmarks/results/quality_<domain>_cpu_bf16.md; at 150 fp32 steps Chinese kept 61.5%).
     Option("steps", int, 150, "optimizer steps over the new rows (0: initialise them only; unset: the device's "
-           "default)", 0, 1_000_000, device_defaults=(("cpu_bf16", 250), ("cuda", 400))),
+           "default, and 0 for a terms-only job without examples where the device writes fewer than 100 contexts per "
+           "term)", 0, 1_000_000, device_defaults=(("cpu_bf16", 250), ("cuda", 400))),
     Option("batch_size", int, 4, "sequences per training step", 1, 1024),
     Option("seq_len", int, 128, "tokens per training sequence (at most the model's context)", 8, 131_072),
     # Chosen on Spanish and FOLDOC only (benchmarks/results/init_methods.md: every mined token kept,
@@ -264,6 +265,23 @@ def defaults_for_device(values: Any, device_type: str) -> dict[str, Any]:
     fills in once it knows where it runs (device_type: torch's, "cpu" or "cuda")."""
     return {option.name: option.default_on(device_type) for option in OPTIONS
             if option.device_defaults and getattr(values, option.name, None) is None}
+
+
+# A terms-only job with no text of the user's trains its rows on contexts the base model writes.
+# At a CPU's few contexts per term that made the domain's text worse than the untrained rows do
+# (benchmarks/results/terms_only_{es,foldoc}.md: the output side loses), so such a job trains only
+# where it writes Token Distillation's 100 contexts per term (a GPU's default) or is told to.
+TERMS_ONLY_TRAINING_CONTEXTS = 100
+
+
+def untrained_terms_only_default(values: Any, device_defaults: dict[str, Any]) -> dict[str, Any]:
+    """{"steps": 0} for a terms-only job without examples that leaves `steps` to its device and
+    writes fewer than TERMS_ONLY_TRAINING_CONTEXTS contexts per term there; else {}."""
+    contexts = device_defaults.get("term_contexts", getattr(values, "term_contexts", None))
+    if (getattr(values, "steps", None) is None and getattr(values, "corpus_path", None) is None
+            and not getattr(values, "examples", None) and contexts is not None and contexts < TERMS_ONLY_TRAINING_CONTEXTS):
+        return {"steps": 0}
+    return {}
 
 
 def check_options(values: Any, names: list[str] | None = None) -> None:

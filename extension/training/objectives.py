@@ -27,3 +27,14 @@ def build_training_data(spec, model, extended, callbacks: Callbacks | None = Non
         distilled_per_term=spec.distill_contexts if spec.init == "distill" else 0, work_dir=callbacks.work_dir,
         should_cancel=callbacks.should_cancel, hold_out=getattr(spec, "selection", "none") == "validation",
         on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "contexts"}))
+
+
+def untrained_judging_texts(spec, model, extended, callbacks: Callbacks | None = None) -> tuple[list[str], str]:
+    """A terms-only job of 0 steps: the held-out text its before/after is measured on
+    (term_contexts.judging_texts). Call before attaching the adapter."""
+    callbacks = callbacks or Callbacks()
+    config = TrainConfig.from_spec(spec)
+    return distill.judging_texts(
+        model, extended, config, max_new_tokens=spec.term_context_tokens, style=spec.term_prompts, examples=spec.examples,
+        work_dir=callbacks.work_dir, should_cancel=callbacks.should_cancel,
+        on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "contexts"}))

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..plan import corpus as corpus_io
 from ..plan.corpus import corpus_label
+from ..plan.options import TERMS_ONLY_TRAINING_CONTEXTS
 from ..plan.spec import Callbacks
 from ..rows.adapter import attach
 from ..rows.init import NewRows
@@ -26,7 +27,7 @@ from ..selection.plan import MIN_VALIDATION_BYTES
 from .identity import run_identity
 from .input_distillation import contexts_of, distill_input_rows, load_distilled, save_distilled
 from .loop import TrainConfig, TrainResult, train_rows
-from .objectives import build_training_data
+from .objectives import build_training_data, untrained_judging_texts
 
 
 @dataclass
@@ -53,6 +54,8 @@ class Trained:
 
 def write_texts(spec, model, tokenizer, extended, callbacks: Callbacks) -> JobTexts:
     """The generate stage. Runs on the plain base model, before any rows are attached."""
+    if spec.corpus_path is None and spec.steps == 0 and spec.selection != "none":
+        return _untrained_terms_texts(spec, model, tokenizer, extended, callbacks)
     objective = build_training_data(spec, model, extended, callbacks) if spec.steps > 0 else None
     if spec.selection == "none":
         return JobTexts(objective, None, {"mode": "none"})
@@ -87,6 +90,22 @@ def write_texts(spec, model, tokenizer, extended, callbacks: Callbacks) -> JobTe
     if judging is not None:
         report["judging"] = judging.report()
     return JobTexts(objective, validation, report, judging)
+
+
+def _untrained_terms_texts(spec, model, tokenizer, extended, callbacks: Callbacks) -> JobTexts:
+    """A terms-only job of 0 steps trains nothing and so decides nothing (no step to choose; every
+    term stays), but it still reports its before/after on held-out text it never saw."""
+    texts, kind = untrained_judging_texts(spec, model, extended, callbacks)
+    source = HELD_OUT_SOURCES[kind] + ", judging part"
+    judging = build_validation(model, tokenizer, texts, source=source, min_bytes=1) if texts else None
+    report = {"mode": spec.selection, "contexts": {"judging": kind}, "terms_kept_unjudged": (
+        "nothing was trained (steps 0), so no step and no term was chosen and every term is kept; by default a terms-only "
+        f"job without examples trains only where it writes {TERMS_ONLY_TRAINING_CONTEXTS} or more contexts per term (a "
+        "GPU's default), because training on fewer made the domain's own text worse than the untrained rows in TIDE's "
+        "measurements")}
+    if judging is not None:
+        report["judging"] = judging.report()
+    return JobTexts(None, None, report, judging)
 
 
 # Where a terms-only job's held-out text comes from (ContextPlan.to_json's "deciding" / "judging")

@@ -94,7 +94,9 @@ def test_a_server_limit_below_a_devices_default_is_named_at_submit(side_client):
 
 @pytest.mark.slow
 def test_a_job_without_steps_trains_its_devices_default_and_says_so(client, auth, worker):
-    body = {"base_model": TINY_MODEL, "terms": TERMS, "training": SMALL, "evaluation": {"max_bytes": 2000}}
+    # with examples: a terms-only job without them trains only where it writes 100 contexts per term
+    examples = [f"A note on {term} and how {term} is used." for term in TERMS]
+    body = {"base_model": TINY_MODEL, "terms": TERMS, "examples": examples, "training": SMALL, "evaluation": {"max_bytes": 2000}}
     response = client.post("/extend", json=body, headers=auth)
     assert response.status_code == 202, response.text
     job = wait_for_status(client, auth, response.json()["id"], {"succeeded", "failed"}, timeout=600, worker=worker)
