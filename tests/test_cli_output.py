@@ -36,13 +36,14 @@ def test_a_first_run_through_the_cli_prints_no_warnings(tiny_model_dir, tmp_path
     printed = done.stdout + done.stderr
     assert "Warning" not in printed, [line for line in printed.splitlines() if "Warning" in line]
     # issue 37 items 4 and 5: the summary and the card say what the figures were measured in, and
-    # that an init-only terms job was published without being judged against the base model
+    # that an init-only terms job decided nothing and was judged only on text the base model wrote
     import json
 
     devices = json.loads((tmp_path / "out" / "metrics.json").read_text())["devices"]
     card = (tmp_path / "out" / "README.md").read_text()
     for text in (done.stdout, card):
-        assert "NOT judged against the base model" in text
+        assert "Which terms stay was NOT decided: nothing was trained (steps 0)" in " ".join(text.split())
+        assert "On held-out contexts the base model wrote for your terms, not your text" in " ".join(text.split())
         assert f"figures were measured {'in' if devices['evaluate']['dtype'] == devices['publish']['dtype'] else 'with the model computing in'} {devices['evaluate']['dtype']}" in text
 
 

@@ -109,7 +109,7 @@ def test_the_cli_refuses_a_batch_that_cannot_fit_before_loading_the_weights(tmp_
     terms = tmp_path / "terms.txt"
     terms.write_text("kernel\n")
     code = main(["extend", "--base-model", "smollm2-135m", "--terms", str(terms), "--out", str(tmp_path / "out"),
-                 "--batch-size", "1024", "--seq-len", "8192", "--device", "cpu"])
+                 "--batch-size", "1024", "--seq-len", "8192", "--device", "cpu", "--steps", "1"])
     get_settings.cache_clear()
     assert code == 2
     err = capsys.readouterr().err
