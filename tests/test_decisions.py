@@ -90,6 +90,9 @@ def test_a_terms_only_job_worse_than_the_base_on_its_held_out_contexts_says_so()
     sentence = held_out_sentence(worse)
     assert "the extended model is WORSE than the base model: 1.2600 bits per byte against the base model's 1.2000 (+5.00%)" in sentence
     assert "`--corpus FILE`" in sentence and "corpus_file_id" in held_out_sentence(worse, style="api")
+    # generated contexts are denser in the terms than the user's text, and training on them made the
+    # judging domains worse: the sentence says the first and does not advise the second
+    assert "uses the terms far more densely than most text does" in sentence and "train longer" not in sentence
     better = {"comparison": {"held_out_contexts_bits_per_byte": {"before": 1.20, "after": 1.14}}}
     assert "1.1400 bits per byte against the base model's 1.2000 (-5.00%)" in held_out_sentence(better)
     assert held_out_sentence({"comparison": {"domain_bits_per_byte": {"before": 1.2, "after": 1.3}}}) is None
@@ -179,5 +182,9 @@ def test_a_model_published_without_judging_says_so_and_why():
     # terms only: the way to have it judged is the user's own text
     terms_only = {"selection": {"mode": "validation", "skipped": "the held-out generated contexts holds 0 bytes"}}
     assert "`--corpus FILE`" in decision_sentences(terms_only, style="cli")[0]
+    # which terms stay, undecided for want of the user's text: more terms would not decide it
+    undecided = {"selection": {"mode": "validation", "terms_kept_unjudged": "no examples or corpus to decide on"}}
+    sentence = decision_sentences(undecided, style="cli")[0]
+    assert "`--examples FILE`" in sentence and "`--corpus FILE`" in sentence and "more terms" not in sentence
     # --keep-all-terms asked for no judging: nothing to warn about
     assert decision_sentences({"selection": {"mode": "none"}}) == []

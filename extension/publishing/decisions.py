@@ -40,7 +40,7 @@ def not_judged_sentence(metrics: dict, *, style: str = "cli") -> str | None:
     skipped = selection.get("skipped")
     if selection.get("terms_kept_unjudged") and selection.get("mode", "validation") == "validation":
         return (f"Which terms stay was NOT decided: {selection['terms_kept_unjudged']}. Give a few documents of your "
-                f"own text ({_EXAMPLES_WORDS[style]}) or more terms to have it decided.")
+                f"own text ({_EXAMPLES_WORDS[style]}) or your domain text ({_CORPUS_WORDS[style]}) to have it decided.")
     if not skipped or selection.get("mode", "validation") != "validation":
         return None
     fix = "" if "corpus" in skipped else f"; give your own domain text ({_CORPUS_WORDS[style]}) to judge it on"
@@ -203,9 +203,11 @@ def held_out_sentence(metrics: dict, *, style: str = "cli") -> str | None:
     corpus = _CORPUS_WORDS[style]
     examples = _EXAMPLES_WORDS[style]
     if after > before:
+        # "train longer" is not offered: on the judging domains, training on generated contexts made it worse
         return (f"{where} the extended model is WORSE than the base model: {numbers}. Its shorter text costs more "
-                f"bits than it saves there; give a few documents of your own text ({examples}) or your domain text "
-                f"({corpus}) to train and judge the terms on it, or train longer.")
+                f"bits than it saves there (that text uses the terms far more densely than most text does); give a "
+                f"few documents of your own text ({examples}) or your domain text ({corpus}) to train and judge the "
+                "terms on it.")
     return (f"{where} the extended model scores {numbers}. That text was written by the base model, not taken from "
             "yours: it does not show the model is as good as the base model on your own text; give a few documents "
             f"of it ({examples}) or your domain text ({corpus}) to have it judged on that.")
