@@ -13,8 +13,8 @@ from pathlib import Path
 from tests.family_tokenizers import inp_texts, llama_cpp_pre_tokenizer
 
 CHECKS = ["loads", "processor", "config", "old_ids", "old_rows", "other_weights", "one_token", "same_ids_on_plain_text", "decodes",
-          "forward_new_tokens", "old_logits", "adapter_logits", "trained_rows", "padding", "reserved_ids", "layout",
-          "llama_cpp_pre_tokenizer"]
+          "forward_new_tokens", "old_logits", "adapter_logits", "fused_loss", "trained_rows", "padding", "reserved_ids",
+          "layout", "llama_cpp_pre_tokenizer"]
 # Text with none of the new token strings: it must encode exactly as the base encodes it.
 MIXED_TEXT = (
     "The quick brown fox jumps over 13 lazy dogs; 3.14159 != 2.71828.\n"
@@ -30,6 +30,9 @@ CONFIG_CHANGES = ("vocab_size", "dtype")
 # The same weights on the same old ids: only a wider head's matmul blocking may differ. bf16 logits
 # carry 8 bits of mantissa, so a rounding step of a logit near 4 is about 0.03.
 OLD_LOGITS_TOLERANCE = {"float32": 1e-4, "bfloat16": 0.0625}
+# The fused loss and the model's own differ by summation order only (relative; bf16 hidden states
+# and head, each logit rounded before the softmax on one side, after on the other).
+FUSED_LOSS_TOLERANCE = {"float32": 1e-4, "bfloat16": 2e-2}
 
 
 def tokenizer_ids_end(tokenizer) -> int:
@@ -285,6 +288,51 @@ def _adapter_logits(f: _Folders) -> str:
     return "" if difference == 0 else f"base + adapter logits differ from the merged folder's by {difference:.4g}"
 
 
+def _fused_loss(f: _Folders) -> str:
+    """The loss training computes (extension.rows.adapter: the frozen model's hidden states, the
+    head's old rows and the new rows in one fused cross-entropy, with the model's logit transform)
+    equals the model's own loss from its logits, on text with the new tokens, the published rows
+    in the adapter. A head whose scale or cap training missed would train the rows against logits
+    the model never gives."""
+    import torch
+    import torch.nn.functional as F
+
+    from extension.rows.adapter import IGNORE_INDEX, attach
+    from extension.rows.init import NewRows
+    from extension.rows.per_layer import per_layer_table
+
+    if f.reserved:
+        return "n/a"  # new tokens on old ids: no rows to attach past the base's vocabulary
+    first, count = min(f.new_ids), len(f.new_ids)
+    model = f.auto.from_pretrained(f.out_dir, dtype="auto").eval()
+    ids = torch.tensor([f.tok(f.with_terms, add_special_tokens=False).input_ids])
+    targets = torch.cat([ids[:, 1:], torch.full((1, 1), IGNORE_INDEX)], dim=1)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits.float()
+    logits[..., first + count:] = float("-inf")  # padding rows: never a target, out of the softmax in training
+    own = F.cross_entropy(logits[0], targets[0], ignore_index=IGNORE_INDEX).item()
+
+    def rows(weight):
+        return weight[first:first + count].detach().float().clone()
+
+    head = model.get_output_embeddings()
+    tied = head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    table = per_layer_table(model)
+    new_rows = NewRows(input=rows(model.get_input_embeddings().weight), output=None if tied else rows(head.weight),
+                       output_bias=None if tied or getattr(head, "bias", None) is None else head.bias[first:first + count].detach().float(),
+                       per_layer=None if table is None else rows(table.weight))
+    adapter = attach(model, first, new_rows)
+    try:
+        with torch.no_grad():
+            fused = adapter.loss(adapter.hidden(ids), targets).item()
+    finally:
+        adapter.detach()
+    difference = abs(fused - own) / abs(own)
+    tolerance = FUSED_LOSS_TOLERANCE[f.case.dtype]
+    return "" if difference <= tolerance else (f"the fused training loss {fused:.5g}, the model's own {own:.5g} "
+                                               f"(relative difference {difference:.3g}, tolerance {tolerance})")
+
+
 def _trained_rows(f: _Folders) -> str:
     """A trained job's published rows differ from the rows its training started from, which the
     job keeps in its work folder (input_distillation.DISTILLED_NAME, the start of every trained
@@ -397,7 +445,8 @@ def check_published(case, base_dir: Path, out_dir: Path, work_dir: Path | None =
         results["old_rows"] = results["other_weights"] = f"{type(exc).__name__}: {exc}"[:300]
     for name, check in [("one_token", _one_token), ("same_ids_on_plain_text", _same_ids_on_plain_text),
                         ("decodes", _decodes), ("forward_new_tokens", _forward_new_tokens), ("old_logits", _old_logits),
-                        ("adapter_logits", _adapter_logits), ("trained_rows", _trained_rows), ("padding", _padding),
+                        ("adapter_logits", _adapter_logits), ("fused_loss", _fused_loss), ("trained_rows", _trained_rows),
+                        ("padding", _padding),
                         ("reserved_ids", _reserved_ids), ("layout", _layout), ("llama_cpp_pre_tokenizer", _llama_cpp_pre_tokenizer)]:
         run(name, check)
     assert list(results) == CHECKS

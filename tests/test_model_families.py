@@ -24,12 +24,27 @@ def inputs(tmp_path_factory):
     return folder / "terms.txt", folder / "corpus.txt"
 
 
+@pytest.fixture(scope="module")
+def published(inputs, cli_env, model_sources, tmp_path_factory):
+    """`published(case)`: the case's base and its folder from `tide extend`, made once per module
+    (two tests read the Gemma 3n case's folder; each extension is most of a test's time)."""
+    folders: dict[str, tuple] = {}
+
+    def extend(case):
+        if case.id not in folders:
+            terms_file, corpus_file = inputs
+            base = base_checkpoint(case, model_sources)
+            out = tmp_path_factory.mktemp("family") / "out"
+            assert main(extend_args(case, base, out, terms_file, corpus_file)) == 0
+            folders[case.id] = base, out
+        return folders[case.id]
+
+    return extend
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
-def test_a_family_is_extended_without_moving_an_old_id(case, inputs, cli_env, model_sources, tmp_path):
-    terms_file, corpus_file = inputs
-    base = base_checkpoint(case, model_sources)
-    out = tmp_path / "out"
-    assert main(extend_args(case, base, out, terms_file, corpus_file)) == 0
+def test_a_family_is_extended_without_moving_an_old_id(case, published):
+    base, out = published(case)
     checks = check_published(case, base, out, work_folder(out))
     failed = {check: why for check, why in checks.items() if why not in ("", "n/a")}
     assert not failed, failed
@@ -83,7 +98,7 @@ def test_a_tokenizer_the_model_cannot_hold_is_refused_before_its_weights_are_rea
     assert "resize the model's embeddings to cover every token id" in refused.value.message and loads == []
 
 
-def test_the_checks_read_gemma3n_per_layer_table(inputs, cli_env, model_sources, tmp_path):
+def test_the_checks_read_gemma3n_per_layer_table(published, tmp_path):
     """The Gemma 3n case's checks cover its per-layer table, which has fewer rows than the input
     table (262,144 of 262,400) and so is not found by the input's row count: an old per-layer row
     changed in the published files fails old_rows, and new per-layer rows put back where training
@@ -96,10 +111,7 @@ def test_the_checks_read_gemma3n_per_layer_table(inputs, cli_env, model_sources,
     from extension.training.input_distillation import DISTILLED_NAME
 
     case = next(case for case in CASES if case.architecture == "Gemma3nForCausalLM")
-    terms_file, corpus_file = inputs
-    base = base_checkpoint(case, model_sources)
-    out = tmp_path / "out"
-    assert main(extend_args(case, base, out, terms_file, corpus_file)) == 0
+    base, out = published(case)
     new_ids = [token["id"] for token in json.loads((out / "tide_extension.json").read_text())["new_tokens"]]
     suffix = "embed_tokens_per_layer.weight"
     shard = next(path.name for path in out.glob("*.safetensors") if any(n.endswith(suffix) for n in load_file(path)))
@@ -123,3 +135,18 @@ def test_the_checks_read_gemma3n_per_layer_table(inputs, cli_env, model_sources,
     untrained = published_with("per-layer-untrained", back_to_start)
     assert "no per_layer row moved" in untrained["trained_rows"], untrained["trained_rows"]
     assert untrained["old_rows"] == ""  # new rows may move; only old ones must not
+
+
+def test_the_fused_loss_check_fails_where_training_would_miss_the_models_logit_scale(published, monkeypatch):
+    """Granite divides its logits by `logits_scaling`: the published folder passes fused_loss, and
+    the same folder fails it once training's head transform is made neutral (as it was before
+    issue 40), so the check reads the transform training uses and is not met by any loss."""
+    import extension.rows.adapter
+    from extension.rows.logits import LogitTransform
+
+    case = next(case for case in CASES if case.architecture == "GraniteForCausalLM")
+    base, out = published(case)
+    assert check_published(case, base, out, work_folder(out))["fused_loss"] == ""
+    monkeypatch.setattr(extension.rows.adapter, "check_head", lambda model, base_vocab_size: LogitTransform())
+    missed = check_published(case, base, out, work_folder(out))["fused_loss"]
+    assert missed.startswith("the fused training loss "), missed
