@@ -32,8 +32,10 @@ PADDING_PROBABILITY_PROMISED = 1e-4
 def extended_dir(cli_env, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("out") / "smollm2-computing"
     # precision 'checkpoint': the rows are compared with ones composed from the fp32 checkpoint
+    # --term-context-tokens 16: the held-out contexts the verdict reads are written token by token
+    # on the CPU, most of this job's time; what is checked here does not depend on their length
     code = main(["extend", "--base-model", "smollm2-135m", "--terms", str(TERMS), "--steps", "0", "--init", "composition",
-                 "--eval-bytes", "4000", "--precision", "checkpoint", "--out", str(out)])
+                 "--eval-bytes", "4000", "--precision", "checkpoint", "--term-context-tokens", "16", "--out", str(out)])
     assert code == 0
     return out
 
@@ -226,7 +228,7 @@ def test_an_init_only_job_starts_rows_at_the_subword_mean_by_default(cli_env, tm
     """--init auto (the default) composes rows that will be trained; an init-only job gets the mean."""
     out = tmp_path / "mean"
     assert main(["extend", "--base-model", "smollm2-135m", "--terms", str(TERMS), "--steps", "0",
-                 "--eval-bytes", "2000", "--precision", "checkpoint", "--out", str(out)]) == 0
+                 "--eval-bytes", "2000", "--precision", "checkpoint", "--term-context-tokens", "16", "--out", str(out)]) == 0
     extension = json.loads((out / "tide_extension.json").read_text())
     assert extension["init"] == {"method": "subword_mean"}
     rows = AutoModelForCausalLM.from_pretrained(out).get_input_embeddings().weight
