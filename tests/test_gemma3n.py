@@ -35,8 +35,10 @@ def _extend(folder, base, out, *extra):
     torch.set_num_threads(1)
     # --precision checkpoint: a CPU with bf16 in hardware would otherwise start the rows from the
     # bf16 model's tables, and the rows could not be compared with the fp32 files' means exactly
+    # --term-context-tokens 16: writing contexts with a 262,400-id head is most of a job's time on a
+    # CPU, and nothing checked here depends on their length
     return main(["extend", "--base-model", str(base), "--terms", str(folder / "terms.txt"), "--eval-bytes", "1000",
-                 "--precision", "checkpoint", "--out", str(out), *extra])
+                 "--precision", "checkpoint", "--term-context-tokens", "16", "--out", str(out), *extra])
 
 
 @pytest.fixture(scope="module")
