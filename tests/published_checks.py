@@ -298,13 +298,13 @@ def _fused_loss(f: _Folders) -> str:
     import torch.nn.functional as F
 
     from extension.rows.adapter import IGNORE_INDEX, attach
-    from extension.rows.init import NewRows
+    from extension.rows.init import NewRows, is_tied
     from extension.rows.per_layer import per_layer_table
 
     if f.reserved:
         return "n/a"  # new tokens on old ids: no rows to attach past the base's vocabulary
     first, count = min(f.new_ids), len(f.new_ids)
-    model = f.auto.from_pretrained(f.out_dir, dtype="auto").eval()
+    model = f.model  # attached below and detached again: its own modules and settings come back
     ids = torch.tensor([f.tok(f.with_terms, add_special_tokens=False).input_ids])
     targets = torch.cat([ids[:, 1:], torch.full((1, 1), IGNORE_INDEX)], dim=1)
     with torch.no_grad():
@@ -316,7 +316,7 @@ def _fused_loss(f: _Folders) -> str:
         return weight[first:first + count].detach().float().clone()
 
     head = model.get_output_embeddings()
-    tied = head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+    tied = is_tied(model)
     table = per_layer_table(model)
     new_rows = NewRows(input=rows(model.get_input_embeddings().weight), output=None if tied else rows(head.weight),
                        output_bias=None if tied or getattr(head, "bias", None) is None else head.bias[first:first + count].detach().float(),
