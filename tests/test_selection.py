@@ -146,7 +146,7 @@ def test_a_harmful_term_is_removed_and_the_tokenizer_stays_valid(smollm2, smollm
     for k in ids:
         rows.input[k] = 2 * smollm2.get_input_embeddings().weight[de[0]].detach()
     validation = build_validation(smollm2, smollm2_tokenizer, list(split_documents(spanish_corpus, "validation")),
-                                  source="corpus validation split", max_bytes=8_000)
+                                  source="corpus validation split", max_bytes=4_000)
     units = term_units(extended)
     rebuild = terms_rebuilder(smollm2_tokenizer, max_term_chars=64)
     chosen = select_terms(smollm2, extended, rows, validation, units=units, rebuild=rebuild, pad_to_multiple_of=64)
@@ -226,7 +226,7 @@ def test_removed_terms_are_offered_back_least_harmful_per_use_first_and_stay_onl
     for k in (i - extended.base_vocab_size for i in next(t for t in extended.terms if t.term == victim).forms.values()):
         rows.input[k] = 2 * smollm2.get_input_embeddings().weight[de].detach()
     validation = build_validation(smollm2, smollm2_tokenizer, list(split_documents(spanish_corpus, "validation")),
-                                  source="corpus validation split", max_bytes=8_000)
+                                  source="corpus validation split", max_bytes=4_000)
     units = term_units(extended)
     rebuild = terms_rebuilder(smollm2_tokenizer, max_term_chars=64)
     kept_units = [unit for unit in units if unit.name not in terms[:3]]
