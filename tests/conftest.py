@@ -10,6 +10,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("TIDE_TEST_CACHE", REPO / ".cache"))
+# The slowest test files, longest first (`bash scripts/test.sh --durations=0`, summed per file),
+# start first: each file runs whole on one worker (scripts/test.sh), and a long file drawn last
+# would keep one core busy after the other has finished everything else.
+SLOW_FILES_FIRST = ("test_model_families.py", "test_training_runs.py", "test_selection.py", "test_new_ids_reserved.py",
+                    "test_extend_cli.py", "service/test_worker_flows.py", "test_gemma3n.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: place for place, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(rank)))
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ so one broken layout shows up as a failed check in the benchmark's table instead
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -70,6 +71,26 @@ def saved_tensors(folder: Path) -> dict:
     return tensors
 
 
+TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json"}
+_BASE_TOKENIZERS: dict[tuple, object] = {}
+
+
+def _base_tokenizer(base_dir: Path):
+    """The base folder's tokenizer, parsed once per tokenizer: the matrix's cases share a few real
+    tokenizers, and parsing Gemma's 33 MB tokenizer.json is seconds each time. Keyed by the
+    tokenizer files' bytes, so a case that changes them gets its own. The checks only read it."""
+    from transformers import AutoTokenizer
+
+    # the config's model type too: without a tokenizer_class, it picks the tokenizer's class
+    model_type = json.loads((base_dir / "config.json").read_text()).get("model_type")
+    key = (model_type, *((path.name, hashlib.sha1(path.read_bytes()).hexdigest())
+                         for path in sorted(base_dir.iterdir()) if path.name in TOKENIZER_FILES))
+    if key not in _BASE_TOKENIZERS:
+        _BASE_TOKENIZERS[key] = AutoTokenizer.from_pretrained(base_dir)
+    return _BASE_TOKENIZERS[key]
+
+
 class _Folders:
     """The base and published folders, loaded once for every check."""
 
@@ -80,7 +101,7 @@ class _Folders:
         self.case, self.base_dir, self.out_dir, self.work_dir = case, base_dir, out_dir, work_dir
         self.auto = getattr(transformers, case.auto_class)
         self.extension = json.loads((out_dir / "tide_extension.json").read_text())
-        self.base_tok = AutoTokenizer.from_pretrained(base_dir)
+        self.base_tok = _base_tokenizer(base_dir)
         self.tok = AutoTokenizer.from_pretrained(out_dir)
         self.base = self.auto.from_pretrained(base_dir, dtype="auto").eval()
         self.model = None  # set by the "loads" check
