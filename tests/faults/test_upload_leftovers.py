@@ -116,11 +116,14 @@ def test_an_upload_left_by_a_killed_api_is_swept_and_its_quota_freed(fault_setti
         stored = service.client.post("/files", content=body, headers={**auth, "Content-Type": "multipart/form-data; boundary=XyZ"})
         assert stored.status_code == 201, stored.text
 
-        # a partial written recently (an upload in progress) stays; an old one goes
-        fresh, old = uploads / ".file_fresh.partial", uploads / ".file_old.partial"
-        fresh.write_bytes(b"x" * 10)
-        old.write_bytes(b"x" * 10)
-        os.utime(old, (time.time() - 10, time.time() - 10))
-        counts = sweep(settings, service.app.state.sessions, service.app.state.queue, SweepMemory())
-        assert fresh.exists() and not old.exists() and counts["partials_deleted"] == 1, counts
+    # a partial written recently (an upload in progress) stays; an old one goes. Swept here with
+    # the service stopped: its own sweeper, running beside this one, could take the old partial first
+    from app.queue import JobQueue
+
+    fresh, old = uploads / ".file_fresh.partial", uploads / ".file_old.partial"
+    fresh.write_bytes(b"x" * 10)
+    old.write_bytes(b"x" * 10)
+    os.utime(old, (time.time() - 10, time.time() - 10))
+    counts = sweep(settings, sessions, JobQueue(settings), SweepMemory())
+    assert fresh.exists() and not old.exists() and counts["partials_deleted"] == 1, counts
     engine.dispose()
