@@ -14,7 +14,8 @@ rows), and multimodal classes whose text vocabulary holds image tokens (tests/mu
 Cases with `new_ids="reserved"` put the new terms on the tokenizer's reserved unused tokens
 (Gemma's `<unusedN>`, Llama 3's `<|reserved_special_token_N|>`) instead of growing the vocabulary.
 
-Used by tests/test_model_families.py (every case through `tide extend`) and
+Used by tests/test_model_families.py (every case through `tide extend`; two of them in their own
+files, see CHECKED_ELSEWHERE) and
 benchmarks/model_families.py (the same cases, plus llama.cpp's converter, into a results table);
 tests/published_checks.py says what every published folder must satisfy.
 """
@@ -89,6 +90,13 @@ class Case:
                         + ([self.new_ids] if self.new_ids else []) + (["trained"] if self.train else []))
 
 
+# Gemma 3n E2B/E4B's text layout: a per-layer table of 262,144 rows beside 262,400 input rows (ids
+# past it are soft tokens), so new terms take reserved <unusedN> ids (new_ids 'auto'); trained, so
+# the per-layer rows train too. The multimodal class is not here: its vision tower needs timm, and
+# timm needs a torchvision that no wheel provides for this CPU torch.
+GEMMA3N = Case("gemma3", "Gemma3nForCausalLM", tied=True, dtype="float32", sharded=True, train=True)
+GEMMA3_RESERVED = Case("gemma3", "Gemma3ForCausalLM", tied=True, dtype="float32", sharded=False, new_ids="reserved")
+
 # Every tokenizer at least once, every architecture at least once, each checkpoint property with
 # two families or more.
 CASES = [
@@ -120,16 +128,17 @@ CASES = [
     Case("gemma3", "Gemma3ForConditionalGeneration", tied=True, dtype="float32", sharded=False),
     Case("qwen2", "Qwen2VLForConditionalGeneration", tied=False, dtype="float32", sharded=False),
     Case("llama2-spm", "LlavaForConditionalGeneration", tied=False, dtype="bfloat16", sharded=True, train=True),
-    # Gemma 3n E2B/E4B's text layout: a per-layer table of 262,144 rows beside 262,400 input rows (ids
-    # past it are soft tokens), so new terms take reserved <unusedN> ids (new_ids 'auto'); trained, so
-    # the per-layer rows train too. The multimodal class is not here: its vision tower needs timm, and
-    # timm needs a torchvision that no wheel provides for this CPU torch.
-    Case("gemma3", "Gemma3nForCausalLM", tied=True, dtype="float32", sharded=True, train=True),
+    GEMMA3N,
     # --new-ids reserved on the two tokenizers that reserve unused tokens: the embedding keeps its size
-    Case("gemma3", "Gemma3ForCausalLM", tied=True, dtype="float32", sharded=False, new_ids="reserved"),
+    GEMMA3_RESERVED,
     Case("llama3-original", "LlamaForCausalLM", tied=False, dtype="float32", sharded=False, new_ids="reserved",
          train=True),
 ]
+# The cases whose own test files run their job through every check of `check_published`, beside
+# their layout's own tests (tests/test_gemma3n.py, tests/test_new_ids_reserved.py): the matrix
+# leaves them out, as a second job on a 262k-token tokenizer would repeat one of those.
+CHECKED_ELSEWHERE = (GEMMA3N, GEMMA3_RESERVED)
+MATRIX_CASES = [case for case in CASES if case not in CHECKED_ELSEWHERE]
 TERMS = ["ciprofloxacin", "immunohistochemistry", "SARS-CoV-2", "免疫组化", "naïveté"]
 TERMS_PARAGRAPH = ("Immunohistochemistry of the biopsy was negative for SARS-CoV-2, so ciprofloxacin was started; "
                    "with some naïveté the team repeated the immunohistochemistry (免疫组化) a week later.")
@@ -239,3 +248,31 @@ def extend_args(case: Case, base: Path, out: Path, terms_file: Path, corpus_file
     else:
         args += ["--steps", "0"]
     return args + (["--new-ids", case.new_ids] if case.new_ids else [])
+
+
+def extend_case(case: Case, base: Path, out: Path) -> None:
+    """The case's job through `tide extend` (the matrix's arguments), inputs written beside `out`.
+    Shorter held-out contexts than the benchmark's: writing them is most of an untrained case's
+    time, and no check depends on their length."""
+    from app.cli import main
+
+    terms_file, corpus_file = out.with_name("terms.txt"), out.with_name("corpus.txt")
+    terms_file.write_text("\n".join(TERMS) + "\n", encoding="utf-8")
+    corpus_file.write_text(corpus_text(), encoding="utf-8")
+    assert main([*extend_args(case, base, out, terms_file, corpus_file), "--term-context-tokens", "16"]) == 0
+
+
+def assert_every_check_passes(case: Case, base: Path, out: Path) -> None:
+    """Every check of `check_published` holds on the case's folder, its trained rows moved where
+    it trained, a processor loads where one can be built here (Qwen2-VL's needs torchvision), and
+    every term was either added or reported skipped."""
+    import json
+
+    checks = check_published(case, base, out, work_folder(out))
+    failed = {check: why for check, why in checks.items() if why not in ("", "n/a")}
+    assert not failed, failed
+    assert (checks["trained_rows"] == "") == case.train
+    assert (checks["processor"] == "") == (case.architecture in ("LlavaForConditionalGeneration",
+                                                                 "Gemma3ForConditionalGeneration"))
+    extension = json.loads((out / "tide_extension.json").read_text())
+    assert {term["term"] for term in extension["terms"]} | {s["term"] for s in extension["skipped"]} == set(TERMS)

@@ -21,16 +21,6 @@ VOCAB = 262400
 PLAIN = "The cat sat on the mat because it was warm there."  # no new term in it
 
 
-def _base(gemma3_tokenizer_path, folder):
-    # the model-family matrix's Gemma 3n text layout (AltUp's correct_output_scale set to 1: transformers
-    # initialises it to zeros, which would multiply the per-layer path by 0)
-    from tests.model_families import build_gemma3n_text
-
-    build_gemma3n_text(folder / "base", gemma3_tokenizer_path)
-    (folder / "terms.txt").write_text("ciprofloxacin\nimmunohistochemistry\n")
-    return folder / "base"
-
-
 def _extend(folder, base, out, *extra):
     torch.set_num_threads(1)
     # --precision checkpoint: a CPU with bf16 in hardware would otherwise start the rows from the
@@ -42,9 +32,15 @@ def _extend(folder, base, out, *extra):
 
 
 @pytest.fixture(scope="module")
-def gemma3n_base(gemma3_tokenizer_path, tmp_path_factory):
+def gemma3n_base(model_sources, tmp_path_factory):
+    """The model-family matrix's Gemma 3n text layout (tests/model_families.GEMMA3N; AltUp's
+    correct_output_scale set to 1: transformers initialises it to zeros, which would multiply the
+    per-layer path by 0), built once per machine, and a folder for this module's jobs."""
+    from tests.model_families import GEMMA3N, base_checkpoint
+
     folder = tmp_path_factory.mktemp("gemma3n")
-    return folder, _base(gemma3_tokenizer_path, folder)
+    (folder / "terms.txt").write_text("ciprofloxacin\nimmunohistochemistry\n")
+    return folder, base_checkpoint(GEMMA3N, model_sources)
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +53,15 @@ def extended(gemma3n_base):
 
 @pytest.fixture(scope="module")
 def trained(gemma3n_base):
+    """The matrix's Gemma 3n job: 2 steps on a small corpus, every term kept (the matrix leaves
+    this case to this file, see tests/model_families.CHECKED_ELSEWHERE)."""
+    from tests.model_families import GEMMA3N, extend_case
+
     folder, base = gemma3n_base
-    # --selection none: the last step is published (validation may keep step 0, the init, on a random model)
-    assert _extend(folder, base, folder / "trained", "--steps", "2", "--init", "subword_mean", "--selection", "none") == 0
-    return base, folder / "trained"
+    torch.set_num_threads(1)
+    (folder / "trained").mkdir()
+    extend_case(GEMMA3N, base, folder / "trained" / "out")
+    return base, folder / "trained" / "out"
 
 
 def _tensors(folder):
@@ -153,18 +154,67 @@ def test_old_token_logits_on_plain_text_are_the_base_models(extended):
     assert torch.equal(after[..., kept], before[..., kept])
 
 
+def test_the_trained_gemma3n_job_passes_every_check_of_the_family_matrix(trained):
+    from tests.model_families import GEMMA3N, assert_every_check_passes
+
+    assert_every_check_passes(GEMMA3N, *trained)
+
+
 def test_trained_per_layer_rows_move_from_their_start_and_old_rows_do_not(trained):
+    from extension.training.input_distillation import DISTILLED_NAME
+    from tests.model_families import work_folder
+
     base, out = trained
     old, new = _tensors(base), _tensors(out)
     name = _per_layer_name(old)
     record = json.loads((out / "tide_extension.json").read_text())
     assert record["trained_steps"] == 2 and record["init"]["per_layer"] == "subword_mean"
     tokens = _new_tokens(out)
-    moved = [not torch.allclose(new[name][t["id"]], _pieces_mean(old[name], t), atol=1e-6) for t in tokens]
+    # where training started them (the init-only job above checks that start: the pieces' mean)
+    start = torch.load(work_folder(out) / DISTILLED_NAME, map_location="cpu", weights_only=False)["per_layer"]
+    moved = [not torch.allclose(new[name][t["id"]].float(), start[k].float(), atol=1e-6) for k, t in enumerate(tokens)]
     assert any(moved), "no per-layer row of a new token moved in training"
     kept = torch.ones(PER_LAYER_ROWS, dtype=torch.bool)
     kept[[t["id"] for t in tokens]] = False
     assert torch.equal(new[name][kept], old[name][kept])
+
+
+def test_the_checks_read_gemma3n_per_layer_table(trained, tmp_path):
+    """The Gemma 3n case's checks cover its per-layer table, which has fewer rows than the input
+    table (262,144 of 262,400) and so is not found by the input's row count: an old per-layer row
+    changed in the published files fails old_rows, and new per-layer rows put back where training
+    started fail trained_rows. Checks that missed the table would pass both folders."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from extension.training.input_distillation import DISTILLED_NAME
+    from tests.model_families import GEMMA3N as case, check_published, work_folder
+
+    base, out = trained
+    new_ids = [token["id"] for token in json.loads((out / "tide_extension.json").read_text())["new_tokens"]]
+    suffix = "embed_tokens_per_layer.weight"
+    shard = next(path.name for path in out.glob("*.safetensors") if any(n.endswith(suffix) for n in load_file(path)))
+
+    def published_with(name, change):
+        folder = tmp_path / name
+        shutil.copytree(out, folder)
+        tensors = load_file(folder / shard)
+        change(next(tensor for key, tensor in tensors.items() if key.endswith(suffix)))
+        save_file(tensors, folder / shard, metadata={"format": "pt"})
+        return check_published(case, base, folder, work_folder(out))
+
+    assert 100 not in new_ids
+    changed = published_with("old-row-changed", lambda table: table[100].add_(1.0))
+    assert suffix in changed["old_rows"], changed["old_rows"]
+    start = torch.load(work_folder(out) / DISTILLED_NAME, map_location="cpu", weights_only=False)["per_layer"]
+
+    def back_to_start(table):
+        table[new_ids] = start.to(table.dtype)
+
+    untrained = published_with("per-layer-untrained", back_to_start)
+    assert "no per_layer row moved" in untrained["trained_rows"], untrained["trained_rows"]
+    assert untrained["old_rows"] == ""  # new rows may move; only old ones must not
 
 
 def test_explicit_append_on_gemma3n_is_refused_before_anything_is_written(gemma3n_base, capsys):

@@ -23,12 +23,11 @@ def _tiny(tokenizer_dir: Path, folder: Path, model_type: str, *, tied: bool) -> 
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    extra = {"head_dim": 8, "sliding_window": 16} if model_type == "gemma3_text" else {}
     ids = {f"{name}_token_id": getattr(tokenizer, f"{name}_token_id") for name in ("bos", "eos", "pad")}
     config = AutoConfig.for_model(
         model_type, vocab_size=max(tokenizer.get_vocab().values()) + 1, hidden_size=32, intermediate_size=64,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        tie_word_embeddings=tied, **{k: v for k, v in ids.items() if v is not None}, **extra)
+        tie_word_embeddings=tied, **{k: v for k, v in ids.items() if v is not None})
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -198,24 +197,32 @@ def test_a_tokenizer_without_reserved_tokens_is_refused(tiny_model_dir, tmp_path
     assert "no free reserved tokens" in err and "--new-ids append" in err
 
 
-def test_gemma_takes_unused_tokens_and_never_an_id_the_config_names(gemma3_tokenizer_path, tmp_path):
+def test_gemma_takes_unused_tokens_and_never_an_id_the_config_names(model_sources, tmp_path):
+    """The model-family matrix's Gemma 3 case on reserved ids (tests/model_families.GEMMA3_RESERVED,
+    left to this file) with an id its config names: every check of the matrix holds, and the named
+    id is never taken."""
+    import shutil
+
     from transformers import AutoTokenizer
 
-    base = _tiny(gemma3_tokenizer_path, tmp_path / "base", "gemma3_text", tied=True)
+    from tests.model_families import GEMMA3_RESERVED, assert_every_check_passes, base_checkpoint, extend_case
+
+    base = tmp_path / "base"
+    shutil.copytree(base_checkpoint(GEMMA3_RESERVED, model_sources), base)
     config = json.loads((base / "config.json").read_text())
     config["image_token_id"] = 6  # <unused0> named by the config: never taken
     (base / "config.json").write_text(json.dumps(config))
-    terms = tmp_path / "terms.txt"
-    terms.write_text("ciprofloxacin\n")
-    # --precision checkpoint: the job's own model is published (the Llama jobs above reload the checkpoint)
-    assert _extend(base, tmp_path / "out", terms, "--steps", "0", "--new-ids", "reserved", "--precision", "checkpoint") == 0
-    report = json.loads((tmp_path / "out" / "tide_extension.json").read_text())
+    torch.set_num_threads(1)
+    out = tmp_path / "out"
+    extend_case(GEMMA3_RESERVED, base, out)
+    assert_every_check_passes(GEMMA3_RESERVED, base, out)
+    report = json.loads((out / "tide_extension.json").read_text())
     taken = [entry["id"] for entry in report["reserved_tokens"]]
     assert 6 not in taken and report["reserved_tokens"][0]["reserved"] == "<unused1>"
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    tokenizer = AutoTokenizer.from_pretrained(out)
     assert len(tokenizer(" ciprofloxacin", add_special_tokens=False).input_ids) == 1
     assert tokenizer(" ciprofloxacin", add_special_tokens=False).input_ids[0] in taken
-    old, new = _tensors(base), _tensors(tmp_path / "out")
+    old, new = _tensors(base), _tensors(out)
     name = next(n for n in old if n.endswith("embed_tokens.weight"))
     assert new[name].shape == old[name].shape
     others = torch.ones(old[name].shape[0], dtype=torch.bool)

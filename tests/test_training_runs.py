@@ -3,7 +3,7 @@ a real transformers.Trainer on real FOLDOC text, a collator that tokenizes on th
 
 1. A saved Trainer checkpoint goes through `tide extend --base-model CHECKPOINT`; the published
    folder is itself a checkpoint the user's run resumes from.
-2. A live run is extended at a chosen step by the callback (extension.live) and carries on.
+2. A live run (untied) is extended at a chosen step by the callback (extension.live) and carries on.
 
 In both, every old row's exp_avg / exp_avg_sq and every other parameter's AdamW state stay
 bit-identical to the run's, the new rows get moments from TIDE's training, the new tokens are
@@ -162,13 +162,14 @@ class _Snapshot:
         self.callback = _Callback()
 
 
-def test_live_run_is_extended_at_a_step_and_carries_on(base_path, tmp_path):
+def test_live_run_is_extended_at_a_step_and_carries_on(smollm2_untied_path, tmp_path):
+    """Untied only: a tied model's one vocab parameter is this case's input side, grown by the same
+    grow_live_optimizer (tests/test_optimizer_state.py), and a real tied run is the checkpoint test's."""
     from transformers import Trainer
 
     from extension.live import extend_during_training
 
-    kind, path = base_path
-    model, tokenizer = _load(path)
+    model, tokenizer = _load(smollm2_untied_path)
     texts = _texts()
     base_vocab = len(tokenizer)
     trainer = Trainer(model=model, args=_args(tmp_path / "run", 5, save=False), train_dataset=texts,
@@ -187,7 +188,7 @@ def test_live_run_is_extended_at_a_step_and_carries_on(base_path, tmp_path):
     assert report["trained_steps"] == 3 and report["optimizer"]["new_rows_from"] == "adapter"
     # steps given: the device decides only the time budget left unset (the run's own device: this CPU)
     assert report["device_defaults"]["options"] == {"max_train_seconds": 7200, "term_contexts": 4, "term_context_tokens": 64}
-    assert set(report["optimizer"]["resized"]) == ({"input_rows"} if kind == "tied" else {"input_rows", "output_rows"})
+    assert set(report["optimizer"]["resized"]) == {"input_rows", "output_rows"}
     new_end = base_vocab + report["counts"]["new_vocab_entries"]
     _assert_carried(before.state, after.state, _vocab_names(trainer.model), base_vocab, new_end)
     for term in TERMS:
