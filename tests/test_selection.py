@@ -132,7 +132,15 @@ def _frequent_split_words(tokenizer, documents: list[str], count: int) -> list[s
     return sorted(saved, key=lambda w: -saved[w])[:count]
 
 
-def test_a_harmful_term_is_removed_and_the_tokenizer_stays_valid(smollm2, smollm2_tokenizer, spanish_corpus):
+@pytest.fixture(scope="module")
+def spanish_validation(smollm2, smollm2_tokenizer, spanish_corpus):
+    """The validation split as a job scores it (3,000 bytes: each scoring of it is most of these tests' time)."""
+    return build_validation(smollm2, smollm2_tokenizer, list(split_documents(spanish_corpus, "validation")),
+                            source="corpus validation split", max_bytes=3_000)
+
+
+def test_a_harmful_term_is_removed_and_the_tokenizer_stays_valid(smollm2, smollm2_tokenizer, spanish_corpus,
+                                                                 spanish_validation):
     train = list(train_documents(spanish_corpus))
     terms = _frequent_split_words(smollm2_tokenizer, train, 12)
     extended = extend_tokenizer(smollm2_tokenizer, terms)
@@ -145,8 +153,7 @@ def test_a_harmful_term_is_removed_and_the_tokenizer_stays_valid(smollm2, smollm
     assert len(de) == 1
     for k in ids:
         rows.input[k] = 2 * smollm2.get_input_embeddings().weight[de[0]].detach()
-    validation = build_validation(smollm2, smollm2_tokenizer, list(split_documents(spanish_corpus, "validation")),
-                                  source="corpus validation split", max_bytes=4_000)
+    validation = spanish_validation
     units = term_units(extended)
     rebuild = terms_rebuilder(smollm2_tokenizer, max_term_chars=64)
     chosen = select_terms(smollm2, extended, rows, validation, units=units, rebuild=rebuild, pad_to_multiple_of=64)
@@ -210,7 +217,7 @@ def test_a_harmful_term_is_removed_and_the_tokenizer_stays_valid(smollm2, smollm
 
 
 def test_removed_terms_are_offered_back_least_harmful_per_use_first_and_stay_only_where_the_verdict_holds(
-        smollm2, smollm2_tokenizer, spanish_corpus):
+        smollm2, smollm2_tokenizer, spanish_corpus, spanish_validation):
     """Issue 26: a round removes every harmful unit at once and can overshoot; once the verdict
     passes, restore_units offers the removed ones back in halving batches, ranked by the harm per
     use measured when they went. A batch stays only where both halves of the validation text
@@ -225,8 +232,7 @@ def test_removed_terms_are_offered_back_least_harmful_per_use_first_and_stay_onl
     de = smollm2_tokenizer(" de", add_special_tokens=False)["input_ids"][0]
     for k in (i - extended.base_vocab_size for i in next(t for t in extended.terms if t.term == victim).forms.values()):
         rows.input[k] = 2 * smollm2.get_input_embeddings().weight[de].detach()
-    validation = build_validation(smollm2, smollm2_tokenizer, list(split_documents(spanish_corpus, "validation")),
-                                  source="corpus validation split", max_bytes=4_000)
+    validation = spanish_validation
     units = term_units(extended)
     rebuild = terms_rebuilder(smollm2_tokenizer, max_term_chars=64)
     kept_units = [unit for unit in units if unit.name not in terms[:3]]
