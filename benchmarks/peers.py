@@ -49,9 +49,13 @@ def train_with_logits(
 
     Every trained parameter is an embedding row, so all get TIDE's embedding learning rate
     (lr x embedding_lr_multiplier) and weight decay 0, with TIDE's schedule and clipping.
+    A parameter stored in less than fp32 (a bf16 model) trains on an fp32 master copy, written
+    back after each step: the forward computes in the model's dtype, the update is kept in fp32,
+    as TIDE's own new rows are (bf16 weights drop updates smaller than their 8-bit mantissa).
     """
     torch.manual_seed(config.seed)
-    optimizer = torch.optim.AdamW(params, lr=config.lr, betas=config.betas, eps=1e-8, weight_decay=config.weight_decay)
+    masters = [p.detach().float().clone().requires_grad_(True) if p.dtype != torch.float32 else p for p in params]
+    optimizer = torch.optim.AdamW(masters, lr=config.lr, betas=config.betas, eps=1e-8, weight_decay=config.weight_decay)
     history = []
     model.train()
     for step in range(config.steps):
@@ -62,10 +66,19 @@ def train_with_logits(
         logits = model(input_ids=window[:, :-1], use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), window[:, 1:].reshape(-1))
         optimizer.zero_grad(set_to_none=True)
+        for param in params:
+            param.grad = None
         loss.backward()
+        for param, master in zip(params, masters):
+            if master is not param:
+                master.grad = None if param.grad is None else param.grad.float()
         if config.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+            torch.nn.utils.clip_grad_norm_(masters, config.grad_clip)
         optimizer.step()
+        with torch.no_grad():
+            for param, master in zip(params, masters):
+                if master is not param:
+                    param.copy_(master)
         history.append({"step": step + 1, "loss": float(loss.detach()), "seconds": time.perf_counter() - began})
     model.eval()
     return history

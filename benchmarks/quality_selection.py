@@ -19,10 +19,10 @@ With `--dtype bfloat16` the base model is a bf16 copy of the built-in checkpoint
 weights are stored in, so the job (and its "before" scoring, the base row) runs in bf16 on the CPU,
 as the frozen model of a GPU worker's job does (its new rows stay fp32).
 `--model gemma3-270m` runs every system on the other built-in model (issue 41), its base loaded as
-a CPU job loads it. trainable_tokens runs at ours' budget (issue 37 item 7): the same steps, batch,
-sequence length and mined tokens, its frozen model in the job's compute dtype (bf16 on a CPU that
-computes it in hardware), so its percentages are against the base in that precision; `--peer-lr`
-sets its base learning rate for a sweep.
+a CPU job loads it. The trained peers run at ours' budget (issue 37 item 7): the same steps, batch,
+sequence length and mined tokens, their frozen model in the job's compute dtype (bf16 on a CPU that
+computes it in hardware), so their percentages are against the base in that precision; `--peer-lr`
+sets their base learning rate (one for all, or one per peer: trainable_tokens=0.0008,full_embedding=0.0002).
 One fortune / entry / file is one document. Every system is evaluated on the product's own test
 split (`extension.plan.corpus.split_of(doc) == "test"`), `--eval-bytes` of it spread over its documents as
 the product spreads its held-out text (extension.evaluation.metrics.document_cap), and on as many bytes of the
@@ -52,8 +52,15 @@ Systems (one process, one after the other, torch seed 0 before each):
                     the same file, which reads the train split only), subword-mean init, trained on
                     train-split windows read in order, with the product's default steps, batch,
                     sequence length and learning rates (extension.plan.options DEFAULTS)
-"Offered" tokens per byte is the full mined tokenizer's (trainable_tokens keeps every offered
-token); "saving kept" = (base - published tokens/byte) / (base - offered tokens/byte).
+  full_embedding    the whole embedding matrix trained (the head too where untied: Unsloth's, Axolotl's and
+                    LLaMA-Factory's way of training new tokens), the same start, tokens and budget
+  subword_mean      the same start untrained (TIDE's rows before training, every offered token)
+  hf_add_tokens     tokenizer.add_tokens(the offered tokens' text) + resize_token_embeddings(mean_resizing=True),
+                    untrained: the transformers recipe
+Trained peers keep their trained values in fp32 over a model computing in its dtype (peers.train_with_logits);
+rows written before that trained a bf16 model's values in bf16.
+"Offered" tokens per byte is the full mined tokenizer's (trainable_tokens, full_embedding and subword_mean
+keep every offered token); "saving kept" = (base - published tokens/byte) / (base - offered tokens/byte).
 
     nice -n 5 python benchmarks/quality_selection.py --domain zh          # one domain per run
     nice -n 5 python benchmarks/quality_selection.py --domain es --systems ours --dtype bfloat16 --out ...  # a bf16 job
@@ -91,7 +98,14 @@ DOMAINS = {
     "foldoc": "English computing dictionary (dict-foldoc)",
 }
 CHOSEN_ON = {"es", "foldoc"}  # where today's defaults were chosen
-SYSTEMS = ("ours", "ours_keep_all", "ours_bf16", "composed_start", "terms_only", "trainable_tokens")
+# Peers at ours' budget (run_peer): the trained ones are the recipes of PEFT (Trainable Tokens) and of
+# Unsloth, Axolotl and LLaMA-Factory (the whole embedding, with the head where untied, trained);
+# the untrained ones are what transformers' resize gives and TIDE's own start.
+TRAINED_PEERS = ("trainable_tokens", "full_embedding")
+PEERS = TRAINED_PEERS + ("subword_mean", "hf_add_tokens")
+SYSTEMS = ("ours", "ours_keep_all", "ours_bf16", "composed_start", "terms_only") + PEERS
+# the peers that publish every offered token in TIDE's tokenizer: their tokens per byte are the offer's
+KEEP_EVERY_TOKEN = ("trainable_tokens", "full_embedding", "subword_mean")
 ZH_FILES = ("chinese", "song100", "tang300")
 RESULTS = REPO / "benchmarks" / "results"
 DEVICE_DEFAULTS = {o.name: dict(o.device_defaults) for o in OPTIONS if o.device_defaults}  # {"steps": {"cuda": 400}}
@@ -213,10 +227,12 @@ def run_product(spec, cache: Path, log) -> tuple[dict | None, dict, float]:
             time.perf_counter() - started)
 
 
-def run_trainable_tokens(spec, test_docs: list[str], train_docs: list[str], eval_bytes: int, model_name: str,
-                         cache: Path, lr: float | None = None) -> dict:
-    """PEFT Trainable Tokens at ours' budget: the same steps, batch, sequence length, mined tokens
-    and compute dtype as the job (its base loaded as the job loads it); `lr`: its own base rate."""
+def run_peer(name: str, spec, test_docs: list[str], train_docs: list[str], eval_bytes: int, model_name: str,
+             cache: Path, lr: float | None = None) -> dict:
+    """A peer (PEERS) at ours' budget: the tokens mining offers on the same corpus, and for the
+    trained ones the same steps, batch, sequence length and schedule, the frozen model in the job's
+    compute dtype (its base loaded as the job loads it) and the trained values in fp32
+    (peers.train_with_logits); `lr`: the peer's own base rate."""
     import peers
     from extension.evaluation import evaluate_model, load_general_text
     from extension.mining import mine_terms
@@ -228,17 +244,30 @@ def run_trainable_tokens(spec, test_docs: list[str], train_docs: list[str], eval
     mined = mine_terms(tokenizer, spec.corpus_path, max_new_tokens=spec.max_new_tokens, min_frequency=spec.min_frequency,
                        mining_unit=spec.mining_unit)
     extended = mined.extended
-    new_ids = [t.id for t in extended.new_tokens]
     config = TrainConfig.from_spec(replace(spec, **defaults_for_device(spec, "cpu"), **({"lr": lr} if lr else {})))
-    peers.subword_mean(model, extended, pad_to_multiple_of=spec.pad_to_multiple_of)
-    batches = quality.windows(extended.tokenizer, train_docs, extended.base_vocab_size, config, "sequential").batch
-    model, history, warned = peers.trainable_tokens(model, new_ids, batches, config)
+    history, warned, trained = [], [], name in TRAINED_PEERS
+    if name == "hf_add_tokens":
+        # the offered tokens as a user would add them: their text, spaces included (a piece that
+        # is part of a character's bytes has no text to add)
+        texts = list(dict.fromkeys(t.text for t in extended.new_tokens if t.text.strip() and "\ufffd" not in t.text))
+        tokenizer, new_ids = peers.hf_add_tokens(model, tokenizer, texts)
+    else:
+        tokenizer, new_ids = extended.tokenizer, [t.id for t in extended.new_tokens]
+        peers.subword_mean(model, extended, pad_to_multiple_of=spec.pad_to_multiple_of)
+    if trained:
+        batches = quality.windows(tokenizer, train_docs, extended.base_vocab_size, config, "sequential").batch
+        if name == "trainable_tokens":
+            model, history, warned = peers.trainable_tokens(model, new_ids, batches, config)
+        else:
+            history = peers.full_embedding(model, batches, config)
     seconds = time.perf_counter() - started
-    metrics = evaluate_model(model, extended.tokenizer, test_docs, load_general_text(), new_token_ids=new_ids, max_bytes=eval_bytes)
-    return {"metrics": metrics, "new_tokens": len(new_ids), "seconds": round(seconds, 1), "warnings": warned,
-            "lr": config.lr, "steps": config.steps, "dtype": str(model.dtype).replace("torch.", ""),
-            "loss_first": history[0]["loss"] if history else None,
-            "loss_last": sum(h["loss"] for h in history[-10:]) / max(1, len(history[-10:]))}
+    metrics = evaluate_model(model, tokenizer, test_docs, load_general_text(), new_token_ids=new_ids, max_bytes=eval_bytes)
+    row = {"metrics": metrics, "new_tokens": len(new_ids), "seconds": round(seconds, 1), "warnings": warned,
+           "dtype": str(model.dtype).replace("torch.", "")}
+    if trained:
+        row.update(lr=config.lr, steps=config.steps, trained_dtype="float32", loss_first=history[0]["loss"] if history else None,
+                   loss_last=sum(h["loss"] for h in history[-10:]) / max(1, len(history[-10:])))
+    return row
 
 
 def mined_term_list(spec, cache: Path, model: str = "smollm2-135m") -> list[str]:
@@ -360,7 +389,7 @@ def _removal_kinds(removed: list[dict]) -> dict[str, dict[str, int]]:
 
 
 def _result(args, command: str, data: dict, base: dict | None, rows: list[dict], started: float) -> dict:
-    offered = next((r["metrics"]["domain"]["tokens_per_byte"] for r in rows if r["system"] == "trainable_tokens" and r["published"]), None)
+    offered = next((r["metrics"]["domain"]["tokens_per_byte"] for r in rows if r["system"] in KEEP_EVERY_TOKEN and r["published"]), None)
     if offered is None:
         offered = next((r["metrics"]["domain"]["tokens_per_byte"] for r in rows if r["system"] == "ours_keep_all" and r["published"]), None)
     return {"domain": args.domain, "model": args.model, "command": command, "eval_bytes": args.eval_bytes, "steps": args.steps, "dtype": args.dtype,
@@ -404,7 +433,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--domain", choices=list(DOMAINS))
     parser.add_argument("--model", choices=list(MODELS), default="smollm2-135m", help="the built-in base model")
-    parser.add_argument("--peer-lr", type=float, help="trainable_tokens' base learning rate (default: the product's)")
+    parser.add_argument("--peer-lr", type=peer_rates, default={},
+                        help="the trained peers' base learning rate: LR for every one, or PEER=LR[,PEER=LR] "
+                             "(e.g. trainable_tokens=0.0008,full_embedding=0.0002); default: the product's")
     parser.add_argument("--systems", default="ours,trainable_tokens", help=f"comma-separated, from {', '.join(SYSTEMS)}")
     parser.add_argument("--eval-bytes", type=int, default=20_000,
                         help="test-split bytes scored, and general-English bytes (product default 50000)")
@@ -458,7 +489,7 @@ def main() -> None:
                 parser.error(f"{name!r}: {exc}")
         elif name not in SYSTEMS:
             parser.error(f"unknown system {name!r}; choose from {', '.join(SYSTEMS)}, ours_init:<init>, ours:<option>=<value>")
-    if args.dtype != "float32" and ("trainable_tokens" in systems or "ours_bf16" in systems):
+    if args.dtype != "float32" and (set(PEERS) & set(systems) or "ours_bf16" in systems):
         parser.error("--dtype bfloat16 measures the product's job only (ours, ours_keep_all); "
                      "for fp32 and bf16 side by side run the fp32 default with --systems ours,ours_bf16")
     out = args.out or RESULTS / f"quality_{args.domain}.md"
@@ -515,16 +546,17 @@ def main() -> None:
         if base is None:
             log("base ...")
             base = evaluate_base(splits["test"], args.eval_bytes, base_model, cache)
-        if "trainable_tokens" in systems:
-            log("trainable_tokens ...")
+        for name in [n for n in systems if n in PEERS]:
+            log(f"{name} ...")
             save(out, _result(args, command, data, base, rows, started))
             try:
-                tt = run_trainable_tokens(spec, splits["test"], splits["train"], args.eval_bytes, args.model, cache, args.peer_lr)
-                rows.append({"system": "trainable_tokens", "published": True, **tt})
-                log(f"trainable_tokens done in {tt['seconds']:.0f}s")
+                peer = run_peer(name, spec, splits["test"], splits["train"], args.eval_bytes, args.model, cache,
+                                args.peer_lr.get(name, args.peer_lr.get("*")))
+                rows.append({"system": name, "published": True, **peer})
+                log(f"{name} done in {peer['seconds']:.0f}s")
             except Exception as exc:  # recorded, so ours' numbers survive a peer's failure
-                rows.append({"system": "trainable_tokens", "published": False, "seconds": 0, "error": f"crashed: {exc!r}"})
-                log(f"trainable_tokens crashed: {exc!r}")
+                rows.append({"system": name, "published": False, "seconds": 0, "error": f"crashed: {exc!r}"})
+                log(f"{name} crashed: {exc!r}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = _result(args, command, data, base, rows, started)
@@ -563,6 +595,19 @@ def from_job(args) -> dict:
     if _offered_by_ours(result["rows"]) is None:
         result["offered_tokens_per_byte"] = offered_tokens_per_byte(args.domain, args.eval_bytes, args.mining_unit, cache, args.model)
     return result
+
+
+def peer_rates(text: str) -> dict[str, float]:
+    """--peer-lr: {peer: rate}, "*" for a rate every trained peer takes."""
+    if "=" not in text:
+        return {"*": float(text)}
+    rates = {}
+    for part in text.split(","):
+        name, _, value = part.partition("=")
+        if name not in TRAINED_PEERS:
+            raise argparse.ArgumentTypeError(f"{name!r} is not a trained peer ({', '.join(TRAINED_PEERS)})")
+        rates[name] = float(value)
+    return rates
 
 
 def option_setting(system: str) -> dict:
@@ -703,7 +748,9 @@ def report(result: dict) -> str:
         f"(min frequency {d['min_frequency']}, mining unit {result.get('mining_unit', d.get('mining_unit', 'pairs'))!r}"
         f"{'' if result.get('mining_unit', d.get('mining_unit')) == d.get('mining_unit') else ', NOT the default'}), {result['steps']} steps ({'the ' + device + ' default' if device else 'NOT a default'}) x batch {d['batch_size']} x seq {d['seq_len']}, "
         f"lr {d['lr']} x {d['embedding_lr_multiplier']} for the rows, selection {d['selection']!r}; "
-        + ("trainable_tokens: the same budget on every offered token. " if any(r["system"] == "trainable_tokens" for r in result["rows"])
+        + (f"{', '.join(sorted({r['system'] for r in result['rows'] if r['system'] in PEERS}))}: every offered token"
+           f"{', the same budget' if any(r['system'] in TRAINED_PEERS for r in result['rows']) else ''}. "
+           if any(r["system"] in PEERS for r in result["rows"])
            else "Trainable Tokens not run (no row below). ")
         + f"Scored: {_test_text(result)} "
         f"and {result['eval_bytes']:,} bytes of general English (the product's default is 50,000). "
@@ -765,9 +812,12 @@ def report(result: dict) -> str:
             if held:
                 notes.append(f"the job's own held-out contexts: {held['before']:.4f} -> {held['after']:.4f} bits/byte"
                              + (" (the job says: worse than the base)" if held["after"] > held["before"] else ""))
-        if r["system"] == "trainable_tokens":
+        if r["system"] in TRAINED_PEERS and r["published"]:
             notes.append(f"train loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}"
-                         + (f"; {r['steps']} steps, lr {r['lr']:g}, frozen model in {r['dtype']}" if r.get("lr") else ""))
+                         + (f"; {r['steps']} steps, lr {r['lr']:g}, frozen model in {r['dtype']}" if r.get("lr") else "")
+                         + (f", trained values in {r['trained_dtype']}" if r.get("trained_dtype") else ""))
+        elif r["system"] in PEERS and r["published"]:
+            notes.append("untrained")
         new_tokens = r.get("new_tokens") if r["published"] else 0
         lines.append(
             f"| {r['system']} | {dom:.4f} ({_pct(dom, bd['bits_per_byte'])}) | {gen:.4f} ({_pct(gen, bg['bits_per_byte'])}) | "
