@@ -57,8 +57,8 @@ Systems (one process, one after the other, torch seed 0 before each):
   subword_mean      the same start untrained (TIDE's rows before training, every offered token)
   hf_add_tokens     tokenizer.add_tokens(the offered tokens' text) + resize_token_embeddings(mean_resizing=True),
                     untrained: the transformers recipe
-Trained peers keep their trained values in fp32 over a model computing in its dtype (peers.train_with_logits);
-rows written before that trained a bf16 model's values in bf16.
+Trained peers keep their trained values in fp32 over a model computing in its dtype (peers.train_with_logits
+keeps an fp32 copy of a bf16 matrix; PEFT already upcasts Trainable Tokens' bf16 delta to fp32 itself).
 "Offered" tokens per byte is the full mined tokenizer's (trainable_tokens, full_embedding and subword_mean
 keep every offered token); "saving kept" = (base - published tokens/byte) / (base - offered tokens/byte).
 
