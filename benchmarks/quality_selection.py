@@ -363,6 +363,7 @@ def _ours_row(name: str, outcome: dict | None, failure: dict, seconds: float) ->
         selection={k: selection.get(k) for k in ("mode", "best_step", "validation_share", "kept", "skipped")},
         removed=len(selection.get("removed") or []),
         removed_by_round=_removal_kinds(selection.get("removed") or []),
+        removed_terms=selection.get("removed") or [],  # each with its round, reason and measured effect
         rounds=[{k: r[k] for k in ("round", "new_tokens", "bits_per_byte", "base_bits_per_byte", "margin_bits_per_byte")}
                 for r in selection.get("rounds") or []],
         restores=[{k: r[k] for k in ("offered", "kept", "new_tokens", "bits_per_byte", "base_bits_per_byte", "margin_bits_per_byte")}
