@@ -25,6 +25,13 @@ if ! compgen -G ".cache/llama-cpp-python/llama_cpp_python-*.tar.gz" >/dev/null; 
   $PIP download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d .cache/llama-cpp-python
 fi
 
+# timm (Gemma 3n's vision tower) and the torchvision it imports, for the Gemma 3n multimodal test only.
+# PyPI's torchvision is a CUDA build: in .venv it would break every transformers import beside this
+# CPU torch, so it goes in its own folder, which tests/vision_libs.py puts on the path.
+if [ ! -d .cache/vision-libs/timm ] || [ ! -d .cache/vision-libs/torchvision ]; then
+  $PIP install -q --no-deps --target .cache/vision-libs torchvision==0.28.0 timm==1.0.31
+fi
+
 # Domain and general text read at run time by tests and benchmarks (never copied into the repo).
 need=()
 [ -e /usr/share/dictd/foldoc.dict.dz ] || need+=(dict-foldoc)

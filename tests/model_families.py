@@ -82,8 +82,10 @@ class Case:
     @property
     def id(self) -> str:
         short = self.architecture
-        for suffix in ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration"):
-            short = short.removesuffix(suffix)
+        # a multimodal class is marked: Gemma 3n's text and multimodal cases share everything else
+        for suffix, mark in (("ForCausalLM", ""), ("LMHeadModel", ""), ("ForConditionalGeneration", "-multimodal")):
+            if short.endswith(suffix):
+                short = short.removesuffix(suffix) + mark
         return "-".join([self.family, short.lower(), "tied" if self.tied else "untied",
                          {"float32": "fp32", "bfloat16": "bf16"}[self.dtype], "sharded" if self.sharded else "1file"]
                         + (["padded"] if self.padded_rows else []) + ([f"pad{self.pad_to}"] if self.pad_to else [])
@@ -92,9 +94,12 @@ class Case:
 
 # Gemma 3n E2B/E4B's text layout: a per-layer table of 262,144 rows beside 262,400 input rows (ids
 # past it are soft tokens), so new terms take reserved <unusedN> ids (new_ids 'auto'); trained, so
-# the per-layer rows train too. The multimodal class is not here: its vision tower needs timm, and
-# timm needs a torchvision that no wheel provides for this CPU torch.
+# the per-layer rows train too. The multimodal class's vision tower is a timm model: its case runs
+# only under tests/vision_libs.py (tests/test_gemma3n_multimodal.py).
 GEMMA3N = Case("gemma3", "Gemma3nForCausalLM", tied=True, dtype="float32", sharded=True, train=True)
+GEMMA3N_MULTIMODAL = Case("gemma3", "Gemma3nForConditionalGeneration", tied=True, dtype="float32", sharded=True,
+                          train=True)
+NEEDS_VISION_LIBS = {"Gemma3nForConditionalGeneration"}  # built and run only after tests.vision_libs.enable()
 GEMMA3_RESERVED = Case("gemma3", "Gemma3ForCausalLM", tied=True, dtype="float32", sharded=False, new_ids="reserved")
 
 # Every tokenizer at least once, every architecture at least once, each checkpoint property with
@@ -129,15 +134,18 @@ CASES = [
     Case("qwen2", "Qwen2VLForConditionalGeneration", tied=False, dtype="float32", sharded=False),
     Case("llama2-spm", "LlavaForConditionalGeneration", tied=False, dtype="bfloat16", sharded=True, train=True),
     GEMMA3N,
+    GEMMA3N_MULTIMODAL,
     # --new-ids reserved on the two tokenizers that reserve unused tokens: the embedding keeps its size
     GEMMA3_RESERVED,
     Case("llama3-original", "LlamaForCausalLM", tied=False, dtype="float32", sharded=False, new_ids="reserved",
          train=True),
 ]
 # The cases whose own test files run their job through every check of `check_published`, beside
-# their layout's own tests (tests/test_gemma3n.py, tests/test_new_ids_reserved.py): the matrix
-# leaves them out, as a second job on a 262k-token tokenizer would repeat one of those.
-CHECKED_ELSEWHERE = (GEMMA3N, GEMMA3_RESERVED)
+# their layout's own tests (tests/test_gemma3n.py, tests/test_new_ids_reserved.py,
+# tests/test_gemma3n_multimodal.py): the matrix leaves them out, as a second job on a 262k-token
+# tokenizer would repeat one of those (and Gemma 3n's multimodal case needs tests/vision_libs.py).
+CHECKED_ELSEWHERE = (GEMMA3N, GEMMA3_RESERVED, GEMMA3N_MULTIMODAL)
+assert len({case.id for case in CASES}) == len(CASES), "case ids name their work and cache folders"
 MATRIX_CASES = [case for case in CASES if case not in CHECKED_ELSEWHERE]
 TERMS = ["ciprofloxacin", "immunohistochemistry", "SARS-CoV-2", "免疫组化", "naïveté"]
 TERMS_PARAGRAPH = ("Immunohistochemistry of the biopsy was negative for SARS-CoV-2, so ciprofloxacin was started; "
@@ -174,26 +182,37 @@ def build_checkpoint(case: Case, folder: Path, model_sources=None) -> Path:
     return folder
 
 
+def gemma3n_text_options(tokenizer) -> dict:
+    """Gemma 3n's text config with the real per-layer ratio: 262,400 input rows, a per-layer table
+    of the first 262,144 (ids past it are the soft tokens, which read row 0), 4 per-layer values
+    per layer, 4 AltUp inputs."""
+    return dict(vocab_size=262400, vocab_size_per_layer_input=262144, hidden_size=32, hidden_size_per_layer_input=4,
+                num_hidden_layers=2, intermediate_size=[64, 64], num_attention_heads=2, num_key_value_heads=1,
+                head_dim=16, layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0, laurel_rank=4,
+                altup_num_inputs=4, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id)
+
+
+def open_altup(layers) -> None:
+    """transformers initialises AltUp's correct_output_scale to zeros, which multiplies the
+    per-layer path by 0 (no per-layer row would matter, none would get a gradient); a trained
+    Gemma 3n's is not."""
+    import torch
+
+    with torch.no_grad():
+        for layer in layers:
+            layer.altup.correct_output_scale.fill_(1.0)
+
+
 def build_gemma3n_text(folder: Path, tokenizer_dir: Path, *, dtype: str = "float32", sharded: bool = False) -> Path:
-    """Gemma 3n's text model (Gemma3nForCausalLM) with the real Gemma tokenizer and the real
-    per-layer ratio: 262,400 input rows, a per-layer table of the first 262,144 (ids past it are
-    the soft tokens, which read row 0), 4 per-layer values per layer."""
+    """Gemma 3n's text model (Gemma3nForCausalLM) with the real Gemma tokenizer (gemma3n_text_options)."""
     import torch
     from transformers import AutoTokenizer, Gemma3nForCausalLM, Gemma3nTextConfig
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = Gemma3nTextConfig(
-        vocab_size=262400, vocab_size_per_layer_input=262144, hidden_size=32, hidden_size_per_layer_input=4,
-        num_hidden_layers=2, intermediate_size=[64, 64], num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0, laurel_rank=4, altup_num_inputs=4,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
-    model = Gemma3nForCausalLM(config)
-    # transformers initialises AltUp's correct_output_scale to zeros, which multiplies the per-layer
-    # path by 0 (no per-layer row would matter, none would get a gradient); a trained Gemma 3n's is not
-    with torch.no_grad():
-        for layer in model.model.layers:
-            layer.altup.correct_output_scale.fill_(1.0)
+    model = Gemma3nForCausalLM(Gemma3nTextConfig(**gemma3n_text_options(tokenizer)))
+    open_altup(model.model.layers)
     # Tiny layers, so a tiny limit: 3+ shards even where the embedding takes one of its own.
     model.to(getattr(torch, dtype)).save_pretrained(folder, max_shard_size="16KB" if sharded else "10GB")
     tokenizer.save_pretrained(folder)
@@ -273,6 +292,7 @@ def assert_every_check_passes(case: Case, base: Path, out: Path) -> None:
     assert not failed, failed
     assert (checks["trained_rows"] == "") == case.train
     assert (checks["processor"] == "") == (case.architecture in ("LlavaForConditionalGeneration",
-                                                                 "Gemma3ForConditionalGeneration"))
+                                                                 "Gemma3ForConditionalGeneration",
+                                                                 "Gemma3nForConditionalGeneration"))
     extension = json.loads((out / "tide_extension.json").read_text())
     assert {term["term"] for term in extension["terms"]} | {s["term"] for s in extension["skipped"]} == set(TERMS)

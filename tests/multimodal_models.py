@@ -1,10 +1,11 @@
 """Tiny random multimodal models whose text vocabulary holds image tokens (issue 40 item 3), each
 with a real tokenizer of its family and, where it can be built here, its real processor.
 
-torchvision and timm cannot be installed on these machines (the only torchvision wheel on disk is
-a CUDA build that breaks the CPU torch), so processors are the PIL-based ones: CLIP's for LLaVA,
-Gemma 3's own for Gemma 3. Qwen2-VL's processor needs torchvision for its video processor, so the
-Qwen2-VL folder has none and its image input is built the way that processor builds it.
+torchvision cannot be installed into .venv on these machines (PyPI's wheel is a CUDA build that
+breaks the CPU torch), so processors are the PIL-based ones: CLIP's for LLaVA, Gemma 3's own for
+Gemma 3, SigLIP's for Gemma 3n. Qwen2-VL's processor needs torchvision for its video processor, so
+the Qwen2-VL folder has none and its image input is built the way that processor builds it.
+Gemma 3n's vision tower is a timm model: it is built and run only under tests/vision_libs.py.
 
 Used by tests/test_multimodal.py and by the model-family matrix (tests/model_families.py).
 """
@@ -92,16 +93,49 @@ def build_gemma3_multimodal(folder: Path, tokenizer_dir: Path, *, dtype: str = "
     return folder
 
 
+def build_gemma3n_multimodal(folder: Path, tokenizer_dir: Path, *, dtype: str = "float32", sharded: bool = False) -> Path:
+    """Gemma 3n E2B/E4B layout: Gemma3nForConditionalGeneration with the text model of
+    tests/model_families.build_gemma3n_text (262,400 input rows, a 262,144-row per-layer table),
+    its MobileNet V5 vision tower (timm's real architecture at 1/16 of its channels), a one-layer
+    audio encoder, and a Gemma3nProcessor (SigLIP image processor at 64 x 64, which the tower turns
+    into the model's 256 image tokens). The Gemma 3 tokenizer's image tokens stand in for Gemma 3n's,
+    with its audio tokens added after them; ids from 262,144 up go to the vision and audio embedders,
+    as in the real model. Needs timm (tests/vision_libs.py)."""
+    from transformers import (AutoTokenizer, Gemma3nAudioFeatureExtractor, Gemma3nConfig,
+                              Gemma3nForConditionalGeneration, Gemma3nProcessor, SiglipImageProcessor)
+
+    from tests.model_families import gemma3n_text_options, open_altup  # imports this module: not at the top
+
+    special = {"image_token": "<image_soft_token>", "boi_token": "<start_of_image>", "eoi_token": "<end_of_image>",
+               "boa_token": "<start_of_audio>", "eoa_token": "<end_of_audio>", "audio_token": "<audio_soft_token>"}
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, extra_special_tokens=special)
+    token_ids = {name + "_id": tokenizer.convert_tokens_to_ids(token) for name, token in special.items()}
+    text = gemma3n_text_options(tokenizer)
+    audio = dict(hidden_size=32, conf_num_attention_heads=2, conf_num_hidden_layers=1, sscp_conv_channel_size=[8, 8])
+    vision = dict(architecture="mobilenetv5_300m_enc", model_args={"channel_multiplier": 0.0625})
+    config = Gemma3nConfig(text_config=text, audio_config=audio, vision_config=vision, vision_soft_tokens_per_image=256,
+                           **token_ids)
+    torch.manual_seed(0)
+    model = Gemma3nForConditionalGeneration(config)
+    open_altup(model.model.language_model.layers)
+    model.to(getattr(torch, dtype)).eval().save_pretrained(folder, max_shard_size="4MB" if sharded else "10GB")
+    Gemma3nProcessor(feature_extractor=Gemma3nAudioFeatureExtractor(),
+                     image_processor=SiglipImageProcessor(size={"height": 64, "width": 64}), tokenizer=tokenizer,
+                     image_seq_length=256, chat_template=CHAT_TEMPLATE).save_pretrained(folder)
+    return folder
+
+
 # class name -> (the family whose tokenizer it carries, its builder)
 MULTIMODAL = {
     "LlavaForConditionalGeneration": ("llama2-spm", build_llava),
     "Qwen2VLForConditionalGeneration": ("qwen2", build_qwen2_vl),
     "Gemma3ForConditionalGeneration": ("gemma3", build_gemma3_multimodal),
+    "Gemma3nForConditionalGeneration": ("gemma3", build_gemma3n_multimodal),
 }
 
 
 def image_text_inputs(model, folder: Path, text: str, *, processor=None, tokenizer=None) -> dict:
-    """The model's inputs for one blank 28 x 28 image followed by `text`, as the folder's own
+    """The model's inputs for one blank image (28 x 28; Gemma 3n: 64 x 64) followed by `text`, as the folder's own
     processor makes them (Qwen2-VL: as its processor would, from the folder's tokenizer). Pass the
     folder's processor or tokenizer where they are loaded already (Gemma 3's take seconds)."""
     from transformers import AutoProcessor, AutoTokenizer
@@ -116,9 +150,11 @@ def image_text_inputs(model, folder: Path, text: str, *, processor=None, tokeniz
                       image_grid_thw=torch.tensor([[1, 4, 4]]),
                       mm_token_type_ids=(inputs["input_ids"] == model.config.image_token_id).long())
         return inputs
-    image_marker = {"LlavaForConditionalGeneration": "<image>", "Gemma3ForConditionalGeneration": "<start_of_image>"}[name]
+    image_marker = {"LlavaForConditionalGeneration": "<image>", "Gemma3ForConditionalGeneration": "<start_of_image>",
+                    "Gemma3nForConditionalGeneration": "<image_soft_token>"}[name]
+    side = 64 if name == "Gemma3nForConditionalGeneration" else 28
     processor = processor or AutoProcessor.from_pretrained(folder)
-    inputs = dict(processor(text=f"{image_marker} {text}", images=torch.zeros(3, 28, 28, dtype=torch.uint8),
+    inputs = dict(processor(text=f"{image_marker} {text}", images=torch.zeros(3, side, side, dtype=torch.uint8),
                             return_tensors="pt"))
     if "pixel_values" in inputs:
         inputs["pixel_values"] = inputs["pixel_values"].to(model.dtype)

@@ -23,7 +23,7 @@ from torch import nn
 
 from . import per_layer
 from .init import NewRows, apply_rows, is_tied, padded_vocab_size
-from .logits import LogitTransform, check_head
+from .logits import LogitTransform, check_head, text_decoder
 from ..plan.options import DEFAULTS
 
 IGNORE_INDEX = -100
@@ -305,7 +305,7 @@ class RowsAdapter(nn.Module):
     # -- forward pieces ----------------------------------------------------------------------
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states [B, T, d] (after the final norm), the head's input."""
-        out = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        out = text_decoder(self.model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         return out.last_hidden_state
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -118,6 +118,17 @@ def _set(holder, name: str, value) -> None:
         holder.__dict__[name] = value
 
 
+def text_decoder(model) -> torch.nn.Module:
+    """The module that turns text ids into the hidden states the head reads: a multimodal model's
+    own text decoder (its `language_model`), else the base model. Training and scoring text holds
+    no image or audio token, so the wrapper adds nothing there, and it may route ids by value:
+    Gemma 3n's sends every id from 262,144 up to its vision and audio embedders, new rows' ids
+    (appended while the adapter trains) among them."""
+    base = model.base_model
+    language_model = getattr(base, "language_model", None)
+    return language_model if isinstance(language_model, torch.nn.Module) else base
+
+
 def head_logits(model, hidden: torch.Tensor, head: torch.nn.Module | None = None,
                 transform: LogitTransform | None = None) -> torch.Tensor:
     """fp32 logits of `hidden` through the plain head, the hidden states cast to the head's dtype
@@ -144,7 +155,7 @@ def head_mismatch(model, base_vocab_size: int, transform: LogitTransform | None 
     ids = probe_ids(base_vocab_size, head.weight.device)
     with torch.no_grad():
         try:
-            hidden = model.base_model(input_ids=ids, use_cache=False).last_hidden_state
+            hidden = text_decoder(model)(input_ids=ids, use_cache=False).last_hidden_state
         except (AttributeError, TypeError) as exc:
             return f"{type(model).__name__}'s base model gives no last_hidden_state to put through the head ({exc})"
         reference = model(input_ids=ids, use_cache=False).logits.float()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..rows.adapter import ExtendedHead
-from ..rows.logits import head_logits
+from ..rows.logits import head_logits, text_decoder
 
 POSITIONS_PER_SLICE = 256  # [positions, vocab] fp32 logits at a time (262k vocab: 256 MB)
 BATCH_TOKENS = 4096
@@ -81,7 +81,7 @@ def score_text(model, tokenizer, chunks: list[str], *, context_id: int, first_ne
                 for row, index in enumerate(group):
                     batch[row, : len(sequences[index])] = torch.tensor(sequences[index])
                 # right padding needs no mask: a causal model's real positions never see it
-                hidden = model.base_model(input_ids=batch.to(device), use_cache=False).last_hidden_state
+                hidden = text_decoder(model)(input_ids=batch.to(device), use_cache=False).last_hidden_state
                 for row, index in enumerate(group):
                     targets = batch[row, 1 : len(sequences[index])].to(device)
                     nlls[index] = _score_row(model, hidden[row, : len(targets)], targets, first_new_id, num_new, leak)
