@@ -34,7 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.model_families import (  # noqa: E402
-    CASES, FAMILIES, SDIST, TERMS, base_checkpoint, check_published, corpus_text, extend_args, llama_cpp_dir,
+    CASES, FAMILIES, NEEDS_VISION_LIBS, SDIST, TERMS, base_checkpoint, check_published, corpus_text, extend_args,
+    llama_cpp_dir,
     tokenizer_ids_end, work_folder,
 )
 from tests.published_checks import CHECKS  # noqa: E402
@@ -129,10 +130,13 @@ def report(payload: dict) -> str:
         "Llama 3 with `ignore_merges`); gpt-neox: its vocab file read by transformers' GGUF tokenizer builder. "
         "Weights: tiny random models (2 layers, hidden 32) of the named class; the multimodal ones with a one-layer "
         "vision tower and their processor (Qwen2-VL has none: its processor needs torchvision); Gemma3nForCausalLM with "
-        "Gemma 3n's per-layer ratio (262,400 input rows, a per-layer table of 262,144, 4 values per layer). "
+        "Gemma 3n's per-layer ratio (262,400 input rows, a per-layer table of 262,144, 4 values per layer), and "
+        "Gemma3nForConditionalGeneration with that text model, timm's MobileNet V5 vision tower at 1/16 of its "
+        "channels and a one-layer audio encoder (timm and PyPI's torchvision loaded from .cache/vision-libs by "
+        "tests/vision_libs.py). "
         "'reserved ids': the new terms took the tokenizer's reserved unused tokens (`--new-ids reserved`, or on Gemma 3n "
-        "chosen by the default 'auto'). Not run: Gemma3nForConditionalGeneration (its vision tower needs timm, which "
-        "needs torchvision; no torchvision wheel works with this CPU torch). "
+        "chosen by the default 'auto'). "
+        + "".join(f"Not run: {case} ({why}). " for case, why in payload.get("not_run", [])) +
         f"Terms: {', '.join(TERMS)}. `--steps 0`, or 2 steps on FOLDOC text (with a paragraph that uses every term) "
         "with every term kept where 'trained'.",
         "",
@@ -210,16 +214,24 @@ def main() -> int:
 
     os.environ.setdefault("TIDE_CACHE_DIR", str(REPO / ".cache"))
     sources = ModelSources(cache_dir=Path(os.environ["TIDE_CACHE_DIR"]))
+    from tests.vision_libs import enable, missing
+
+    no_vision = missing()
+    if not no_vision:
+        enable()  # before transformers is imported, so it sees torchvision (tests/vision_libs.py says why)
     import torch
     import transformers
 
-    rows = []
+    rows, not_run = [], []
     with tempfile.TemporaryDirectory(prefix="tide-families-") as tmp:
         folder = Path(tmp)
         (folder / "terms.txt").write_text("\n".join(TERMS) + "\n", encoding="utf-8")
         (folder / "corpus.txt").write_text(corpus_text(), encoding="utf-8")
         for case in CASES:
             if args.cases and not any(part in case.id for part in args.cases):
+                continue
+            if case.architecture in NEEDS_VISION_LIBS and no_vision:
+                not_run.append((case.id, no_vision))
                 continue
             rows.append(run_case(case, folder, folder / "terms.txt", folder / "corpus.txt", sources))
             print(json.dumps({k: rows[-1].get(k) for k in ("case", "exit_code", "seconds", "checks", "gguf")}), flush=True)
@@ -228,6 +240,7 @@ def main() -> int:
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, transformers {transformers.__version__}",
         "families": {name: {"gguf": f.gguf, "layout": f.layout} for name, f in FAMILIES.items()},
         "rows": rows,
+        "not_run": not_run,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(payload, indent=2, ensure_ascii=False, default=sorted))
