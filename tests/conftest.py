@@ -14,6 +14,7 @@ CACHE = Path(os.environ.get("TIDE_TEST_CACHE", REPO / ".cache"))
 # start first: each file runs whole on one worker (scripts/test.sh), and a long file drawn last
 # would keep one core busy after the other has finished everything else.
 SLOW_FILES_FIRST = ("test_model_families.py", "test_selection.py", "test_new_ids_reserved.py", "test_gemma3n.py",
+                    "test_gemma3n_multimodal.py",
                     "service/test_worker_flows.py", "test_training_runs.py", "test_extend_cli.py", "faults/test_broker_loss.py")
 
 
