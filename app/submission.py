@@ -12,6 +12,7 @@ import os
 import uuid
 from collections import OrderedDict
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable
 
 from sqlalchemy import select
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session
 from extension.plan.corpus import check_corpus, check_examples
 from extension.errors import InvalidCorpusError, TideError
 from extension.plan.models import BUILTIN_MODELS, resolve_model
-from extension.plan.options import BY_NAME
+from extension.plan.options import BY_NAME, device_kinds, planned_steps
 
 from .base_tokenizers import BaseTokenizers
 from .db.jobs import add_event, new_job_id
@@ -57,7 +58,9 @@ def steps_on_worker(request: ExtendRequest, settings: Settings) -> list[int]:
     defaults)."""
     if request.training.steps is not None:
         return [request.training.steps]
-    return BY_NAME["steps"].defaults_for_setting(settings.device, settings.precision)
+    values = SimpleNamespace(**request.training.model_dump(), terms=request.terms, examples=request.examples,
+                             corpus_path=request.corpus_file_id or request.corpus_text)
+    return sorted({planned_steps(values, kind) for kind in device_kinds(settings.device, settings.precision)})
 
 
 def _known_total(steps: list[int]) -> int:
@@ -191,6 +194,8 @@ def submit(
     if previous is not None:
         return _replay(previous, request_hash), False
 
+    if request.terms is not None:  # first: a terms-only job's default steps depend on how many terms it lists
+        validate_terms(request.terms, settings)
     _check_limits(request, settings)
     try:
         check_base_model(request.base_model, settings)
@@ -199,7 +204,6 @@ def submit(
     deferred: list[str] = []
     tokenizer = None
     if request.terms is not None:
-        validate_terms(request.terms, settings)
         tokenizer = tokenizers.get(request.base_model) if tokenizers is not None else None
         if tokenizer is not None:
             check_terms_add_something(request.terms, tokenizer, request.base_model, settings)

@@ -90,6 +90,16 @@ def system_changes(name: str, td_contexts: int) -> dict:
     raise SystemExit(f"unknown system {name!r}: {', '.join(PRESETS)}, base, or job:K=V[+K=V...]")
 
 
+def gpu_decisions(spec) -> dict:
+    """What a GPU worker fills in for the options `spec` leaves unset, as plan.job.plan_inputs does
+    (the terms-only training decision included), though the job then runs on this CPU."""
+    from extension.plan.options import defaults_for_device, terms_only_steps
+
+    defaults = defaults_for_device(spec, "cuda")
+    defaults.update(terms_only_steps(spec, defaults))
+    return defaults
+
+
 def run_system(spec, name: str, terms: list[str], test_docs: list[str], eval_bytes: int, cache: Path, log,
                decompose_docs: tuple[list[str], list] | None = None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -112,6 +122,7 @@ def run_system(spec, name: str, terms: list[str], test_docs: list[str], eval_byt
         table = ld.decompose(model, SimpleNamespace(tokenizer=tokenizer, base_vocab_size=base_vocab), *decompose_docs)
         sides = {k: {"positions": v["positions"], "bits": (v["nats"] - v["base_nats"]) / 0.6931471805599453} for k, v in table.items()}
     return {"system": name, "sides": sides, "published": True, "metrics": metrics, "new_tokens": len(new_ids),
+            "steps": outcome["metrics"].get("training", {}).get("steps"),
             "terms_kept": len(outcome["extension"].get("terms", [])), "removed": len(selection.get("removed", [])),
             "seconds": round(seconds, 1), "stage_seconds": outcome["stage_seconds"], "contexts": selection.get("contexts"),
             "held_out": outcome["metrics"].get("comparison", {}).get("held_out_contexts_bits_per_byte")}
@@ -201,8 +212,10 @@ def main() -> None:
                 if name == "base":
                     continue
                 spec = ExtendSpec(base_model="smollm2-135m", out_dir=work / f"{list_name}_{name.replace(':', '_')}",
-                                  allow_local_paths=True, eval_max_bytes=args.eval_bytes, **gpu)
+                                  allow_local_paths=True, eval_max_bytes=args.eval_bytes, terms=terms)
                 spec = replace(spec, **system_changes(name, args.td_contexts))
+                if args.gpu_default:
+                    spec = replace(spec, **gpu_decisions(spec))
                 log(f"{list_name} / {name} ...")
                 row = run_system(spec, name, terms, splits["test"], args.eval_bytes, cache, log, decompose_docs)
                 result["rows"].append({"list": list_name, **row})
@@ -231,14 +244,14 @@ def report(result: dict) -> str:
              + f"; scored: {result['eval_bytes']:,} bytes of the test split and of general English. Bits per byte: lower is "
              "better; percentages against the base in the same run. Lists: " + "; ".join(
                  f"{name} {len(v['terms'])} terms ({', '.join(v['terms'][:6])}, ...)" for name, v in result["lists"].items()), "",
-             "| list | system | domain bits/byte | general bits/byte | tokens/byte | saving kept | terms kept | job's verdict | agrees | wall time |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |"]
+             "| list | system | domain bits/byte | general bits/byte | tokens/byte | saving kept | terms kept | steps trained | job's verdict | agrees | wall time |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |"]
     if base:
         lines.append(f"| — | base | {base['domain']['bits_per_byte']:.4f} | {base['general']['bits_per_byte']:.4f} | "
-                     f"{base['domain']['tokens_per_byte']:.4f} | — | — | — | — | — |")
+                     f"{base['domain']['tokens_per_byte']:.4f} | — | — | — | — | — | — |")
     for row in result["rows"]:
         if not row["published"]:
-            lines.append(f"| {row['list']} | {row['system']} | nothing published: {row.get('error', '')[:300]} | | | | | | | {row['seconds']:.0f} s |")
+            lines.append(f"| {row['list']} | {row['system']} | nothing published: {row.get('error', '')[:300]} | | | | | | | | {row['seconds']:.0f} s |")
             continue
         m = row["metrics"]
         offered_tpb = result["lists"][row["list"]]["offered_tokens_per_byte"]
@@ -256,7 +269,7 @@ def report(result: dict) -> str:
                 job_better = held["after"] <= held["before"]
                 verdict = f"{'better' if job_better else 'worse'} ({held['after'] / held['before'] - 1:+.2%})"
                 agrees = "yes" if job_better == (m["domain"]["bits_per_byte"] <= b["bits_per_byte"]) else "**no**"
-        lines.append(f"| {row['list']} | {row['system']} | {' | '.join(cells)} | {kept} | {row['terms_kept']} | {verdict} | {agrees} | "
+        lines.append(f"| {row['list']} | {row['system']} | {' | '.join(cells)} | {kept} | {row['terms_kept']} | {row.get('steps', '—')} | {verdict} | {agrees} | "
                      f"{row['seconds']:.0f} s |")
     lines += targets(result)
     sided = [row for row in result["rows"] if row.get("sides")]

@@ -50,15 +50,8 @@ class Option:
 
     def defaults_for_setting(self, device: str, precision: str = "auto") -> list[Any]:
         """The defaults a job can get under a device setting (auto, cpu, cuda, cuda:N) and a
-        precision setting: with device auto, each worker's own device decides; with cpu and
-        precision auto, whether the worker's CPU computes bf16 in hardware decides."""
-        kinds = dict(self.device_defaults)
-        cpu = {self.default, kinds.get("cpu_bf16", self.default)} if precision == "auto" else {self.default}
-        if device == "auto":
-            return sorted(cpu | {value for kind, value in kinds.items() if kind != "cpu_bf16"})
-        if device == "cpu":
-            return sorted(cpu)
-        return [self.default_on(device.split(":")[0])]
+        precision setting (device_kinds)."""
+        return sorted({self.default_on(kind) for kind in device_kinds(device, precision)})
 
     @property
     def default_text(self) -> str:
@@ -183,8 +176,8 @@ OPTIONS: tuple[Option, ...] = (
     # issue 26's 1.5x of the composed start's CPU time allows there with the distillation
     # (benchmarks/results/quality_<domain>_cpu_bf16.md; at 150 fp32 steps Chinese kept 61.5%).
     Option("steps", int, 150, "optimizer steps over the new rows (0: initialise them only; unset: the device's "
-           "default, and 0 for a terms-only job without examples where the device writes fewer than 100 contexts per "
-           "term)", 0, 1_000_000, device_defaults=(("cpu_bf16", 250), ("cuda", 400))),
+           "default; for a terms-only job without examples, 0 where the device writes fewer than 100 contexts per "
+           "term, else at least the steps that read them all)", 0, 1_000_000, device_defaults=(("cpu_bf16", 250), ("cuda", 400))),
     Option("batch_size", int, 4, "sequences per training step", 1, 1024),
     Option("seq_len", int, 128, "tokens per training sequence (at most the model's context)", 8, 131_072),
     # Chosen on Spanish and FOLDOC only (benchmarks/results/init_methods.md: every mined token kept,
@@ -261,6 +254,24 @@ BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
 DEFAULTS: dict[str, Any] = {option.name: option.default for option in OPTIONS}  # on a CPU
 
 
+def device_kinds(device: str, precision: str = "auto") -> list[str]:
+    """Which devices' defaults (Option.device_defaults) a job can get under a device setting (auto,
+    cpu, cuda, cuda:N) and a precision setting: with device auto, each worker's own device decides;
+    with cpu and precision auto, whether the worker's CPU computes bf16 in hardware decides."""
+    cpu = ["cpu", "cpu_bf16"] if precision == "auto" else ["cpu"]
+    if device == "auto":
+        return [*cpu, "cuda"]
+    return cpu if device == "cpu" else [device.split(":")[0]]
+
+
+def planned_steps(values: Any, device_type: str) -> int:
+    """The steps a job takes on a device: as asked, else the device's default (terms_only_steps
+    included). `values` has the options as attributes, and `terms`, `corpus_path`, `examples`."""
+    defaults = defaults_for_device(values, device_type)
+    defaults.update(terms_only_steps(values, defaults))
+    return defaults.get("steps", getattr(values, "steps", None))
+
+
 def defaults_for_device(values: Any, device_type: str) -> dict[str, Any]:
     """The device's default of every option `values` leaves unset (None), by name: what a job
     fills in once it knows where it runs (device_type: torch's, "cpu" or "cuda")."""
@@ -270,19 +281,40 @@ def defaults_for_device(values: Any, device_type: str) -> dict[str, Any]:
 
 # A terms-only job with no text of the user's trains its rows on contexts the base model writes.
 # At a CPU's few contexts per term that made the domain's text worse than the untrained rows do
-# (benchmarks/results/terms_only_{es,foldoc}.md: the output side loses), so such a job trains only
-# where it writes Token Distillation's 100 contexts per term (a GPU's default) or is told to.
+# (benchmarks/results/terms_only_{es,foldoc}.md: the output side loses), and so did a GPU's 400
+# steps x 4 sequences, which read 16 per term of a 100-word glossary (+2.74% against +0.84%
+# untrained, benchmarks/results/terms_only_es_gpu_default.md). Every one of Token Distillation's
+# 100 per term read made a 30-word glossary -0.49% where the untrained rows are -0.11%
+# (terms_only_es_gpu_default_30_terms.md, 750 steps). So such a job trains only where it writes
+# 100 per term, and then takes the steps that read them all.
 TERMS_ONLY_TRAINING_CONTEXTS = 100
 
 
-def untrained_terms_only_default(values: Any, device_defaults: dict[str, Any]) -> dict[str, Any]:
-    """{"steps": 0} for a terms-only job without examples that leaves `steps` to its device and
-    writes fewer than TERMS_ONLY_TRAINING_CONTEXTS contexts per term there; else {}."""
-    contexts = device_defaults.get("term_contexts", getattr(values, "term_contexts", None))
-    if (getattr(values, "steps", None) is None and getattr(values, "corpus_path", None) is None
-            and not getattr(values, "examples", None) and contexts is not None and contexts < TERMS_ONLY_TRAINING_CONTEXTS):
+def contexts_per_term(asked: int, *, steps: int, batch_size: int, terms: int, distilled_per_term: int = 0) -> int:
+    """The contexts per term a terms-only job writes: `asked` (term_contexts), but no more than the
+    run reads (steps x batch_size sequences over the terms, or the input distillation's
+    `distilled_per_term`, whichever is more), since writing is the slow part; at least one."""
+    read = max(-(-steps * batch_size // max(1, terms)), distilled_per_term)
+    return max(1, min(asked, read))
+
+
+def terms_only_steps(values: Any, device_defaults: dict[str, Any]) -> dict[str, Any]:
+    """The steps of a terms-only job without examples that leaves `steps` to its device: 0 where the
+    device writes fewer than TERMS_ONLY_TRAINING_CONTEXTS contexts per term, else at least the steps
+    that read every one (batch_size sequences a step); {} for any other job."""
+    if (getattr(values, "steps", None) is not None or getattr(values, "corpus_path", None) is not None
+            or getattr(values, "examples", None)):
+        return {}
+    asked = device_defaults.get("term_contexts", getattr(values, "term_contexts", None))
+    steps = device_defaults.get("steps")
+    if asked is None or steps is None:
+        return {}
+    if asked < TERMS_ONLY_TRAINING_CONTEXTS:
         return {"steps": 0}
-    return {}
+    terms = len(set(getattr(values, "terms", None) or []))
+    batch_size = getattr(values, "batch_size", DEFAULTS["batch_size"])
+    reading_all = -(-terms * asked // batch_size)
+    return {"steps": reading_all} if reading_all > steps else {}
 
 
 def check_options(values: Any, names: list[str] | None = None) -> None:

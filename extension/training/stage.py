@@ -101,8 +101,8 @@ def _untrained_terms_texts(spec, model, tokenizer, extended, callbacks: Callback
     report = {"mode": spec.selection, "contexts": {"judging": kind}, "terms_kept_unjudged": (
         "nothing was trained (steps 0), so no step and no term was chosen and every term is kept; by default a terms-only "
         f"job without examples trains only where it writes {TERMS_ONLY_TRAINING_CONTEXTS} or more contexts per term (a "
-        "GPU's default), because training on fewer made the domain's own text worse than the untrained rows in TIDE's "
-        "measurements")}
+        "GPU's default, which then takes the steps that read them all), because training on fewer made the domain's own "
+        "text worse than the untrained rows in TIDE's measurements")}
     if judging is not None:
         report["judging"] = judging.report()
     return JobTexts(None, None, report, judging)

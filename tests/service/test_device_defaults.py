@@ -76,20 +76,28 @@ def test_a_server_limit_below_a_devices_default_is_named_at_submit(side_client):
     explicit = submit(client, auth, {**body, "training": {"steps": 50}})
     assert explicit.status_code == 202, explicit.text
     assert explicit.json()["progress"]["total"] == 50
-    # CPU workers computing in the checkpoint's dtype: the default is 150, within the limit, and
-    # the progress total is known at submit
+    # CPU workers computing in the checkpoint's dtype: a corpus job's default is 150, within the
+    # limit, and the progress total is known at submit; a terms-only job trains nothing there
+    corpus = {"base_model": TINY_MODEL, "corpus_text": "A compiler reads source text.\n\nAn interrupt stops the processor."}
     client, auth = side_client(max_steps=200, device="cpu", precision="checkpoint")
-    accepted = submit(client, auth, body)
+    accepted = submit(client, auth, corpus)
     assert accepted.status_code == 202, accepted.text
     assert accepted.json()["progress"]["total"] == 150 and accepted.json()["request"]["training"]["steps"] is None
+    untrained = submit(client, auth, body)
+    assert untrained.status_code == 202 and untrained.json()["progress"]["total"] == 0
     # "auto" within the limit: which default applies is the worker's to know, so no total yet
     client, auth = side_client(device="auto")
     queued = submit(client, auth, body)
     assert queued.status_code == 202 and queued.json()["progress"]["total"] == 0
     # CPU workers with precision auto: the worker's CPU decides (150, or 250 computing bf16 in hardware)
     client, auth = side_client(max_steps=200, device="cpu")
-    message = assert_error(submit(client, auth, body), 422, "training.steps", "invalid_option")["message"]
+    message = assert_error(submit(client, auth, corpus), 422, "training.steps", "invalid_option")["message"]
     assert "can be 250" in message and "at most 200" in message
+    # a GPU's terms-only job takes the steps that read its 100 contexts per term: 48 terms x 100 / 4
+    client, auth = side_client(max_steps=1000, device="cuda")
+    long_list = {"base_model": TINY_MODEL, "terms": [f"word{i}" for i in range(48)]}
+    message = assert_error(submit(client, auth, long_list), 422, "training.steps", "invalid_option")["message"]
+    assert "can be 1200" in message and "at most 1000" in message
 
 
 @pytest.mark.slow
