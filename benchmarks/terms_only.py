@@ -50,7 +50,7 @@ import torch  # noqa: E402
 
 import loss_decomposition as ld  # noqa: E402
 import quality_selection as qs  # noqa: E402
-from extension.plan.options import BY_NAME  # noqa: E402
+from extension.plan.options import BY_NAME, device_decisions  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 PRESETS = {
@@ -88,16 +88,6 @@ def system_changes(name: str, td_contexts: int) -> dict:
     if name.startswith("job:"):
         return qs.option_setting("ours:" + name.split(":", 1)[1])
     raise SystemExit(f"unknown system {name!r}: {', '.join(PRESETS)}, base, or job:K=V[+K=V...]")
-
-
-def gpu_decisions(spec) -> dict:
-    """What a GPU worker fills in for the options `spec` leaves unset, as plan.job.plan_inputs does
-    (the terms-only training decision included), though the job then runs on this CPU."""
-    from extension.plan.options import defaults_for_device, terms_only_steps
-
-    defaults = defaults_for_device(spec, "cuda")
-    defaults.update(terms_only_steps(spec, defaults))
-    return defaults
 
 
 def run_system(spec, name: str, terms: list[str], test_docs: list[str], eval_bytes: int, cache: Path, log,
@@ -214,8 +204,8 @@ def main() -> None:
                 spec = ExtendSpec(base_model="smollm2-135m", out_dir=work / f"{list_name}_{name.replace(':', '_')}",
                                   allow_local_paths=True, eval_max_bytes=args.eval_bytes, terms=terms)
                 spec = replace(spec, **system_changes(name, args.td_contexts))
-                if args.gpu_default:
-                    spec = replace(spec, **gpu_decisions(spec))
+                if args.gpu_default:  # what a GPU worker decides (plan.job.plan_inputs), run on this CPU
+                    spec = replace(spec, **device_decisions(spec, "cuda"))
                 log(f"{list_name} / {name} ...")
                 row = run_system(spec, name, terms, splits["test"], args.eval_bytes, cache, log, decompose_docs)
                 result["rows"].append({"list": list_name, **row})

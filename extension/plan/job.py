@@ -23,7 +23,7 @@ from .devices import Placement, check_device_map, checkpoint_dtype, eval_batch_t
 from ..errors import InvalidOptionError
 from .memory import MemoryPlan, check_plan, plan_for_spec
 from .models import ModelSources, ResolvedModel, load_config, load_tokenizer, resolve_model
-from .options import check_options, defaults_for_device, terms_only_steps
+from .options import check_options, device_decisions
 from ..publishing.folder import check_output_dir, shard_limit
 
 
@@ -72,8 +72,7 @@ def plan_inputs(spec) -> JobPlan:
     """The options, the output folder and the corpus checked, and the one device decision."""
     validate_spec(spec)
     placement = resolve_placement(spec.device, spec.device_map, spec.precision)
-    device_defaults = defaults_for_device(spec, placement.defaults_kind)
-    device_defaults.update(terms_only_steps(spec, device_defaults))
+    device_defaults = device_decisions(spec, placement.defaults_kind)
     spec = replace(spec, **device_defaults)
     check_output_dir(spec.out_dir, force=spec.force)
     documents = 0

@@ -264,12 +264,18 @@ def device_kinds(device: str, precision: str = "auto") -> list[str]:
     return cpu if device == "cpu" else [device.split(":")[0]]
 
 
-def planned_steps(values: Any, device_type: str) -> int:
-    """The steps a job takes on a device: as asked, else the device's default (terms_only_steps
-    included). `values` has the options as attributes, and `terms`, `corpus_path`, `examples`."""
+def device_decisions(values: Any, device_type: str) -> dict[str, Any]:
+    """What a job on this device fills in for the options `values` leaves unset: each option's
+    device default, and a terms-only job's steps (terms_only_steps). `values` has the options as
+    attributes, and `terms`, `corpus_path`, `examples`."""
     defaults = defaults_for_device(values, device_type)
     defaults.update(terms_only_steps(values, defaults))
-    return defaults.get("steps", getattr(values, "steps", None))
+    return defaults
+
+
+def planned_steps(values: Any, device_type: str) -> int:
+    """The steps a job takes on a device: as asked, else what the device decides."""
+    return device_decisions(values, device_type).get("steps", getattr(values, "steps", None))
 
 
 def defaults_for_device(values: Any, device_type: str) -> dict[str, Any]:
@@ -288,14 +294,6 @@ def defaults_for_device(values: Any, device_type: str) -> dict[str, Any]:
 # (terms_only_es_gpu_default_30_terms.md, 750 steps). So such a job trains only where it writes
 # 100 per term, and then takes the steps that read them all.
 TERMS_ONLY_TRAINING_CONTEXTS = 100
-
-
-def contexts_per_term(asked: int, *, steps: int, batch_size: int, terms: int, distilled_per_term: int = 0) -> int:
-    """The contexts per term a terms-only job writes: `asked` (term_contexts), but no more than the
-    run reads (steps x batch_size sequences over the terms, or the input distillation's
-    `distilled_per_term`, whichever is more), since writing is the slow part; at least one."""
-    read = max(-(-steps * batch_size // max(1, terms)), distilled_per_term)
-    return max(1, min(asked, read))
 
 
 def terms_only_steps(values: Any, device_defaults: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,6 @@ import torch
 import torch.nn.functional as F
 
 from ..evaluation.scoring import context_token_id
-from ..plan.options import contexts_per_term
 from .example_snippets import snippets_around, split_examples
 from .identity import run_identity
 from .term_prompts import conditioning_prefix, term_prompts
@@ -310,10 +309,12 @@ class ContextPlan:
 
 def plan_contexts(extended, config, *, per_term: int, examples: list[str] | None = None,
                   distilled_per_term: int = 0) -> ContextPlan:
-    """`per_term` contexts per term, but no more than the run reads (plan.options.contexts_per_term):
-    generation is the slow part on a CPU."""
-    per_term = contexts_per_term(per_term, steps=config.steps, batch_size=config.batch_size, terms=len(extended.terms),
-                                 distilled_per_term=distilled_per_term)
+    """Generation is the slow part on a CPU, so no more contexts per term are written than the run
+    can read (steps x batch_size sequences over the terms, or the input distillation's
+    `distilled_per_term`, whichever is more), but every term gets at least one."""
+    terms = max(1, len(extended.terms))
+    read = max(-(-config.steps * config.batch_size // terms), distilled_per_term)
+    per_term = max(1, min(per_term, read))
     training, deciding, judging = split_examples(list(examples or []))
     snippets = [snippets_around(t.term, training, limit=per_term) for t in extended.terms]
     return ContextPlan(per_term, snippets, deciding, judging)
