@@ -156,7 +156,7 @@ def _new_rows(spec: ExtendSpec, model, tokenizer, callbacks: Callbacks) -> tuple
     mined = mine_corpus(spec, tokenizer, callbacks, documents=0, embedding_rows=rows_in_use) if mines_corpus(spec) else None
     extended = mined.extended if mined else extend_with_terms(spec, tokenizer, callbacks, embedding_rows=rows_in_use)
     start = start_rows(spec, model, tokenizer, extended, callbacks)
-    texts = write_texts(spec, model, tokenizer, extended, callbacks)
+    texts = write_texts(spec, model, tokenizer, extended, callbacks, init=start.method)
     trained = train_new_rows(spec, model, extended, start, texts, callbacks)
     return choose_terms(spec, model, tokenizer, extended, trained, texts, start, mined, callbacks), trained
 

@@ -57,7 +57,7 @@ def run(spec: ExtendSpec, callbacks: Callbacks | None = None, sources: ModelSour
     with stage("init"):
         start = start_rows(spec, model, tokenizer, extended, callbacks)
     with stage("generate"):
-        texts = write_texts(spec, model, tokenizer, extended, callbacks)
+        texts = write_texts(spec, model, tokenizer, extended, callbacks, init=start.method)
     with stage("train"):
         trained = train_new_rows(spec, model, extended, start, texts, callbacks)
     with stage("select"):

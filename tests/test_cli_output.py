@@ -42,7 +42,7 @@ def test_a_first_run_through_the_cli_prints_no_warnings(tiny_model_dir, tmp_path
     devices = json.loads((tmp_path / "out" / "metrics.json").read_text())["devices"]
     card = (tmp_path / "out" / "README.md").read_text()
     for text in (done.stdout, card):
-        assert "Which terms stay was NOT decided: nothing was trained (steps 0)" in " ".join(text.split())
+        assert "Which terms stay was NOT decided: its input rows were distilled" in " ".join(text.split())
         assert "On held-out contexts the base model wrote for your terms, not your text" in " ".join(text.split())
         assert f"figures were measured {'in' if devices['evaluate']['dtype'] == devices['publish']['dtype'] else 'with the model computing in'} {devices['evaluate']['dtype']}" in text
 

@@ -47,7 +47,7 @@ def gemma3n_base(model_sources, tmp_path_factory):
 def extended(gemma3n_base):
     folder, base = gemma3n_base
     # Before the memory plan read a per-layer intermediate_size list, this exited on int(list).
-    assert _extend(folder, base, folder / "out", "--steps", "0") == 0
+    assert _extend(folder, base, folder / "out", "--steps", "0", "--init", "subword_mean") == 0
     return base, folder / "out"
 
 

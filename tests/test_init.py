@@ -160,6 +160,8 @@ def test_auto_distils_trained_corpus_jobs_only():
     assert init_method("auto", 100, corpus=True) == "distill" and row_method("distill") == "composition"
     assert init_method("auto", 100, corpus=False) == "composition"
     assert init_method("auto", 0, corpus=True) == "subword_mean"
+    # a terms-only job of 0 steps distils the mean rows' input side, holding their logits
+    assert init_method("auto", 0, corpus=False) == "subword_mean_distill" and row_method("subword_mean_distill") == "subword_mean"
     assert init_method("subword_mean_norm", 100, corpus=True) == "subword_mean_norm"
 
 
@@ -188,3 +190,21 @@ def test_distill_without_training_is_refused_naming_the_option_and_the_fix(tiny_
     assert option_error_for(refused.value, style="api")[1] == "training.init"
     validate_spec(ExtendSpec(base_model="smollm2-135m", out_dir=out, terms=["hypertext"], init="distill", steps=3))
     validate_spec(ExtendSpec(base_model="smollm2-135m", out_dir=out, terms=["hypertext"], init="distill"))  # steps: the device's
+
+
+def test_mean_distill_on_a_corpus_job_of_0_steps_is_refused_and_allowed_for_terms(tmp_path):
+    """'subword_mean_distill' distils on the job's texts: a terms-only job of 0 steps writes its
+    contexts anyway, a corpus job of 0 steps cuts no windows, so that one is refused, with the fix."""
+    from extension.errors import InvalidOptionError
+    from extension.plan.job import validate_spec
+    from extension.plan.spec import ExtendSpec
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Some text about hypertext.\n", encoding="utf-8")
+    out = tmp_path / "out"
+    with pytest.raises(InvalidOptionError) as refused:
+        validate_spec(ExtendSpec(base_model="smollm2-135m", out_dir=out, corpus_path=corpus, init="subword_mean_distill", steps=0))
+    assert refused.value.option == "init" and "a corpus job of 0 steps cuts none" in str(refused.value)
+    assert "choose 'subword_mean'" in str(refused.value)
+    validate_spec(ExtendSpec(base_model="smollm2-135m", out_dir=out, terms=["hypertext"], init="subword_mean_distill", steps=0))
+    validate_spec(ExtendSpec(base_model="smollm2-135m", out_dir=out, corpus_path=corpus, init="subword_mean_distill", steps=3))

@@ -64,6 +64,43 @@ def test_distillation_moves_only_the_input_rows_and_brings_the_student_closer_to
             assert p.requires_grad  # the model's own flags are back
 
 
+def _logit_change(adapter, contexts, start: torch.Tensor) -> float:
+    """Largest change of a new row's logit at the hidden states the base model reads the contexts with."""
+    from extension.training.term_contexts import expand
+
+    with torch.no_grad():
+        teacher = [expand(c, BASE, PIECES).teacher for c in contexts]
+        width = max(len(t) for t in teacher)
+        hidden = adapter.hidden(torch.tensor([t + [0] * (width - len(t)) for t in teacher])).float()
+        read = torch.cat([hidden[b, : len(t)] for b, t in enumerate(teacher)])
+        return float((read @ (adapter.input_rows - start).T).abs().max())
+
+
+def test_a_logit_penalty_holds_tied_rows_logits_while_their_input_side_is_distilled():
+    """Init 'subword_mean_distill': a tied row is also the head's row, so distilling its input side
+    alone moves its logits everywhere (benchmarks/results/terms_only_foldoc_td25.md). With the
+    penalty the logits at the states the model produces barely move, and the input side still learns."""
+    contexts = window_contexts(_stream(), BASE, per_token=16)
+    moved = {}
+    for penalty in (0.0, 10000.0):
+        _, _, adapter = _adapter(True)
+        start = adapter.input_rows.detach().clone()
+        with torch.no_grad():
+            before = float(batch_loss(adapter, contexts, PIECES, pad=0))
+        report = distill_input_rows(adapter, contexts, PIECES, lr=1e-2, pad=0, epochs=4, logit_penalty=penalty)
+        with torch.no_grad():
+            after = float(batch_loss(adapter, contexts, PIECES, pad=0))
+        assert report.logit_penalty == penalty and after < before, (penalty, before, after)
+        assert not torch.equal(adapter.input_rows, start)
+        moved[penalty] = _logit_change(adapter, contexts, start)
+        adapter.detach()
+    assert moved[10000.0] < 0.2 * moved[0.0], moved
+    # an untied model's head rows never move here, so there is nothing to hold: no penalty applied
+    _, _, adapter = _adapter(False)
+    assert distill_input_rows(adapter, contexts, PIECES, lr=1e-2, pad=0, logit_penalty=1000.0).logit_penalty == 0.0
+    adapter.detach()
+
+
 def test_no_contexts_leaves_the_rows_as_they_were():
     _, _, adapter = _adapter(True)
     start = adapter.input_rows.detach().clone()

@@ -137,6 +137,23 @@ def test_the_held_out_parts_are_the_same_when_a_job_resumes(tmp_path, tiny_model
     assert parts() == first
 
 
+def test_an_untrained_distilled_terms_job_writes_its_contexts_and_holds_out_only_the_judging_part(tmp_path, tiny_model_dir):
+    """Init 'subword_mean_distill' at 0 steps: the contexts per term are not capped by the (absent)
+    steps, no deciding part is written (nothing is decided), and the judging part is one more per term."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from extension.tokenizer import extend_tokenizer
+    from extension.training import TrainConfig
+    from extension.training.term_contexts import terms_objective
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    extended = extend_tokenizer(AutoTokenizer.from_pretrained(tiny_model_dir), ["compiler", "interrupt", "multiprogramming"])
+    built = terms_objective(model, extended, TrainConfig(steps=0, batch_size=4, seq_len=32), per_term=4, max_new_tokens=8,
+                            distilled_per_term=4, with_deciding=False)
+    assert built.plan["per_term"] == 4 and built.plan["training_contexts"] == 12, built.plan
+    assert built.validation_texts == [] and len(built.judging_texts) == 3 and len(built.contexts) == 12
+
+
 def test_a_terms_only_job_without_examples_or_steps_trains_nothing_on_a_cpu_and_says_why(tmp_path, tiny_model_dir, cli_cache, capsys):
     from extension.plan.options import BY_NAME, TERMS_ONLY_TRAINING_CONTEXTS
 
@@ -146,7 +163,7 @@ def test_a_terms_only_job_without_examples_or_steps_trains_nothing_on_a_cpu_and_
     stdout, metrics, card = _extend(capsys, tiny_model_dir, tmp_path / "out", "--terms", str(terms), "--device", "cpu")
     extension = json.loads((tmp_path / "out" / "tide_extension.json").read_text())
     assert extension["device_defaults"]["options"]["steps"] == 0 and metrics["training"]["steps"] == 0
-    assert extension["init"]["method"] == "subword_mean"
+    assert extension["init"]["method"] == "subword_mean_distill" and extension["init"]["distillation"]["steps"] > 0
     # nothing chose a step or a term, yet the result is still compared with the base on held-out text
     selection = metrics["selection"]
     assert "validation" not in selection and selection["judging"]["source"] == "held-out generated contexts, judging part"

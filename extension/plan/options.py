@@ -153,9 +153,12 @@ OPTIONS: tuple[Option, ...] = (
            "mean), 'subword_mean' takes their mean, 'subword_mean_norm' rescales that mean to its pieces' mean norm; "
            "'distill' starts from the composition and, before training, distils the input rows so the model reads "
            "the text after each new token as it reads it after the original pieces (AweDist; trained jobs only); "
+           "'subword_mean_distill' starts from the mean and distils the input rows the same way on the job's "
+           "contexts while holding each tied row's logits where the mean put them (terms-only or trained jobs); "
            "'auto': distill for a trained corpus job, composition for a trained terms-only job (it starts training "
-           "closer to where it ends), the mean for an init-only job (untrained, composed rows take more probability "
-           "where they are not the answer)", choices=("auto", "composition", "subword_mean", "subword_mean_norm", "distill")),
+           "closer to where it ends), subword_mean_distill for a terms-only job of 0 steps, the mean for a corpus "
+           "job of 0 steps (untrained, composed rows take more probability where they are not the answer)",
+           choices=("auto", "composition", "subword_mean", "subword_mean_norm", "distill", "subword_mean_distill")),
     # Chosen with the CPU's steps on Spanish and FOLDOC: 2 contexts and 150 steps scored -7.00% /
     # -2.19% against the base where 4 and 100 scored -6.24% / -1.77%, every token kept either way
     # (quality_es_budget_candidate.md, quality_foldoc_budget.md), in 1.47x / 1.15x the composed
@@ -328,11 +331,17 @@ def check_options(values: Any, names: list[str] | None = None) -> None:
 def check_combinations(values: Any) -> None:
     """Options each valid alone that cannot run together: refused, never quietly replaced by
     something else (a job records what ran, so a substitute would be recorded as asked)."""
-    if getattr(values, "init", None) == "distill" and getattr(values, "steps", None) == 0:
+    init, steps = getattr(values, "init", None), getattr(values, "steps", None)
+    if init == "distill" and steps == 0:
         # distillation reads the training texts, which a job of 0 steps never makes
         raise InvalidOptionError(option="init", problem=(
             "'distill' distils the input rows on the job's training texts, and a job of 0 steps makes none: "
             "train (steps above 0) or choose 'composition', the rows 'distill' starts from"))
+    if init == "subword_mean_distill" and steps == 0 and getattr(values, "corpus_path", None) is not None:
+        # a terms-only job of 0 steps writes its contexts anyway; a corpus job of 0 steps cuts no windows
+        raise InvalidOptionError(option="init", problem=(
+            "'subword_mean_distill' distils the input rows on the job's training texts, and a corpus job of 0 steps "
+            "cuts none: train (steps above 0) or choose 'subword_mean', the rows it starts from"))
 
 
 def by_api_path(path: str) -> Option | None:

@@ -127,7 +127,19 @@ def selection_section(selection: dict, metrics: dict | None = None) -> list[str]
 
 
 def _init_sentence(init: dict) -> str:
-    if init.get("method") == "composition":
-        return ("Each new row started as its original pieces' base rows composed the way the base vocabulary composes "
-                "its own merges (a regression fitted on them)")
-    return "Each new row started as the mean of the base rows of the term's original pieces"
+    start = init.get("starts_from", init.get("method"))
+    if start == "composition":
+        sentence = ("Each new row started as its original pieces' base rows composed the way the base vocabulary "
+                    "composes its own merges (a regression fitted on them)")
+    elif start == "subword_mean_norm":
+        sentence = ("Each new row started as the mean of the base rows of the term's original pieces, rescaled to "
+                    "their mean norm")
+    else:
+        sentence = "Each new row started as the mean of the base rows of the term's original pieces"
+    distilled = init.get("distillation") or {}
+    if distilled.get("steps"):
+        sentence += (f"; its input side was then distilled on {distilled['contexts']:,} contexts, so that the model reads "
+                     "the text after each new token as it reads it after the original pieces")
+        if distilled.get("logit_penalty"):
+            sentence += ", with each row's logits held where they started"
+    return sentence

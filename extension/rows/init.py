@@ -8,7 +8,8 @@ Two ways to start a new row from the base rows of the token's ORIGINAL pieces (o
                 point different ways shortens them; NVIDIA's Nemotron tokenizer-extension recipe
                 corrects the norm so the new row reads with the weight of a real one)
 'distill' (extension/training/input_distillation.py) starts from the composition and distils the input
-rows before training.
+rows before training; 'subword_mean_distill' starts from the mean and distils the input rows with
+each row's logits held where the mean put them (a terms-only job that takes no training step).
 Input rows come from the input matrix and, for untied models, output rows from the lm_head,
 separately (the head's bias, when it has one, is always the mean). Models that scale embeddings
 inside their forward (Gemma multiplies by sqrt(hidden)) store unscaled rows, so both work on
@@ -85,16 +86,24 @@ INIT_METHODS = ("composition", "subword_mean", "subword_mean_norm")
 
 def init_method(asked: str, steps: int, *, corpus: bool) -> str:
     """The method option `init` names: 'auto' is 'distill' for a trained corpus job (measured on
-    Spanish and FOLDOC, docs/measured.md), composition for a trained terms-only job, the mean for
-    an init-only job."""
+    Spanish and FOLDOC, docs/measured.md), composition for a trained terms-only job, the mean with
+    its input side distilled for a terms-only job of 0 steps (docs/measured.md, terms-only
+    training), the mean for a corpus job of 0 steps."""
     if asked == "auto":
-        return ("distill" if corpus else "composition") if steps > 0 else "subword_mean"
+        if steps > 0:
+            return "distill" if corpus else "composition"
+        return "subword_mean" if corpus else "subword_mean_distill"
     return asked
 
 
+# init methods that distil the input rows on the job's texts (training/input_distillation.py),
+# each from the rows it starts at
+DISTILLED_STARTS = {"distill": "composition", "subword_mean_distill": "subword_mean"}
+
+
 def row_method(method: str) -> str:
-    """Where `method`'s rows start: 'distill' distils the composed rows (later, on the job's data)."""
-    return "composition" if method == "distill" else method
+    """Where `method`'s rows start: the distilling methods distil those rows later, on the job's data."""
+    return DISTILLED_STARTS.get(method, method)
 
 
 def norm_corrected(means: torch.Tensor, matrix: torch.Tensor, new_tokens: Sequence, base_vocab_size: int) -> torch.Tensor:

@@ -11,7 +11,7 @@ from .init import NewRows, RowInitializer, init_method, row_method
 @dataclass
 class StartRows:
     rows: NewRows
-    method: str  # the job's init: composition, subword_mean, subword_mean_norm or distill
+    method: str  # the job's init: composition, subword_mean, subword_mean_norm, distill or subword_mean_distill
     initializer: RowInitializer  # selection starts the rows of re-cut terms with the same one
     report: dict  # what tide_extension.json records as "init"
 
@@ -25,6 +25,6 @@ def start_rows(spec, model, tokenizer, extended, callbacks: Callbacks) -> StartR
         callbacks.on_warning(f"init: {initializer.fallback_reason}")
     rows = initializer(model, extended)
     report = initializer.report()
-    if method != report["method"]:  # 'distill': the input side is distilled from this start in the train stage
+    if method != report["method"]:  # 'distill', 'subword_mean_distill': the train stage distils this start's input side
         report = {**report, "method": method, "starts_from": report["method"]}
     return StartRows(rows=rows, method=method, initializer=initializer, report=report)

@@ -3,7 +3,9 @@
     term_contexts.py       terms-only jobs: contexts the base model writes around each term, and the
                            objective on them (distil the base model's reading of the pieces, or LM)
     objectives.py          a job's training data: corpus windows, or the terms' contexts
-    input_distillation.py init 'distill': the INPUT rows distilled on those contexts before training
+    input_distillation.py init 'distill' / 'subword_mean_distill': the INPUT rows distilled on those
+                           contexts before training (the second holding tied rows' logits; a
+                           terms-only job of 0 steps stops there)
     loop.py                train_rows: the nanoGPT-style loop over a RowsAdapter, checkpoints, resume
     identity.py            what a run's checkpoints and cached contexts belong to
     optimizer_state.py     carrying a Trainer run's AdamW state over, old rows' moments untouched

@@ -12,10 +12,14 @@ DEFAULT_TERMS_OBJECTIVE = "distill"
 
 
 def build_training_data(spec, model, extended, callbacks: Callbacks | None = None, *,
-                        sampling: str = DEFAULT_SAMPLING, terms_objective: str = DEFAULT_TERMS_OBJECTIVE):
+                        sampling: str = DEFAULT_SAMPLING, terms_objective: str = DEFAULT_TERMS_OBJECTIVE,
+                        distil_untrained: bool = False):
     """The objective of a job: corpus windows when there is a corpus, else contexts generated
     by the base model for the terms. Call BEFORE attaching the adapter (generation uses the
-    plain base model). Validates the training options against the model."""
+    plain base model). Validates the training options against the model.
+    `distil_untrained`: a terms-only job of 0 steps whose input rows are distilled (init
+    'subword_mean_distill'): `term_contexts` per term for the distillation, and only the judging
+    part held out, since nothing is decided."""
     callbacks = callbacks or Callbacks()
     config = TrainConfig.from_spec(spec).validate(max_positions=max_positions(model))
     if spec.corpus_path is not None:
@@ -24,8 +28,9 @@ def build_training_data(spec, model, extended, callbacks: Callbacks | None = Non
     return distill.terms_objective(
         model, extended, config, objective=terms_objective, per_term=spec.term_contexts,
         max_new_tokens=spec.term_context_tokens, style=spec.term_prompts, examples=spec.examples,
-        distilled_per_term=spec.distill_contexts if spec.init == "distill" else 0, work_dir=callbacks.work_dir,
-        should_cancel=callbacks.should_cancel, hold_out=getattr(spec, "selection", "none") == "validation",
+        distilled_per_term=spec.term_contexts if distil_untrained else spec.distill_contexts if spec.init == "distill" else 0,
+        work_dir=callbacks.work_dir, should_cancel=callbacks.should_cancel,
+        hold_out=getattr(spec, "selection", "none") == "validation", with_deciding=not distil_untrained,
         on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "contexts"}))
 
 

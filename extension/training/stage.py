@@ -20,12 +20,13 @@ from ..plan.corpus import corpus_label
 from ..plan.options import TERMS_ONLY_TRAINING_CONTEXTS
 from ..plan.spec import Callbacks
 from ..rows.adapter import attach
-from ..rows.init import NewRows
+from ..rows.init import DISTILLED_STARTS, NewRows
 from ..rows.stage import StartRows
 from ..selection import StepScorer, ValidationPlan, ValidationSet, build_validation
 from ..selection.plan import MIN_VALIDATION_BYTES
 from .identity import run_identity
-from .input_distillation import contexts_of, distill_input_rows, load_distilled, save_distilled
+from .input_distillation import (EPOCHS, HELD_LOGITS_EPOCHS, HELD_LOGITS_PENALTY, contexts_of, distill_input_rows,
+                                 load_distilled, save_distilled)
 from .loop import TrainConfig, TrainResult, train_rows
 from .objectives import build_training_data, untrained_judging_texts
 
@@ -52,10 +53,12 @@ class Trained:
         return self.result.optimizer_state if self.result else None
 
 
-def write_texts(spec, model, tokenizer, extended, callbacks: Callbacks) -> JobTexts:
-    """The generate stage. Runs on the plain base model, before any rows are attached."""
-    if spec.corpus_path is None and spec.steps == 0 and spec.selection != "none":
-        return _untrained_terms_texts(spec, model, tokenizer, extended, callbacks)
+def write_texts(spec, model, tokenizer, extended, callbacks: Callbacks, *, init: str) -> JobTexts:
+    """The generate stage. Runs on the plain base model, before any rows are attached. `init`:
+    the job's init method (rows.stage.StartRows.method); a distilling one needs contexts even
+    where no step is trained."""
+    if spec.corpus_path is None and spec.steps == 0 and (spec.selection != "none" or init in DISTILLED_STARTS):
+        return _untrained_terms_texts(spec, model, tokenizer, extended, callbacks, distil=init in DISTILLED_STARTS)
     objective = build_training_data(spec, model, extended, callbacks) if spec.steps > 0 else None
     if spec.selection == "none":
         return JobTexts(objective, None, {"mode": "none"})
@@ -92,20 +95,30 @@ def write_texts(spec, model, tokenizer, extended, callbacks: Callbacks) -> JobTe
     return JobTexts(objective, validation, report, judging)
 
 
-def _untrained_terms_texts(spec, model, tokenizer, extended, callbacks: Callbacks) -> JobTexts:
-    """A terms-only job of 0 steps trains nothing and so decides nothing (no step to choose; every
-    term stays), but it still reports its before/after on held-out text it never saw."""
-    texts, kind = untrained_judging_texts(spec, model, extended, callbacks)
+def _untrained_terms_texts(spec, model, tokenizer, extended, callbacks: Callbacks, *, distil: bool) -> JobTexts:
+    """A terms-only job of 0 steps takes no training step and so decides nothing (no step to choose;
+    every term stays), but it still reports its before/after on held-out text it never saw. With
+    `distil` it also writes the contexts its input rows are distilled on (the judging part apart)."""
+    objective = None
+    if distil:
+        objective = build_training_data(spec, model, extended, callbacks, distil_untrained=True)
+        texts, kind = list(objective.judging_texts), _plan_of(objective).get("judging", "generated")
+    elif spec.selection != "none":
+        texts, kind = untrained_judging_texts(spec, model, extended, callbacks)
+    else:
+        texts, kind = [], "generated"
     source = HELD_OUT_SOURCES[kind] + ", judging part"
     judging = build_validation(model, tokenizer, texts, source=source, min_bytes=1) if texts else None
-    report = {"mode": spec.selection, "contexts": {"judging": kind}, "terms_kept_unjudged": (
-        "nothing was trained (steps 0), so no step and no term was chosen and every term is kept; by default a terms-only "
+    done = ("its input rows were distilled on contexts the base model wrote, each row's logits held where the subword "
+            "mean put them, and no next-token step was taken (steps 0)") if distil else "nothing was trained (steps 0)"
+    report = {"mode": spec.selection, "contexts": {**_plan_of(objective), "judging": kind}, "terms_kept_unjudged": (
+        f"{done}, so no step and no term was chosen and every term is kept; by default a terms-only "
         f"job without examples trains only where it writes {TERMS_ONLY_TRAINING_CONTEXTS} or more contexts per term (a "
         "GPU's default, which then takes the steps that read them all), because training on fewer made the domain's own "
         "text worse than the untrained rows in TIDE's measurements")}
     if judging is not None:
         report["judging"] = judging.report()
-    return JobTexts(None, None, report, judging)
+    return JobTexts(objective, None, report, judging)
 
 
 # Where a terms-only job's held-out text comes from (ContextPlan.to_json's "deciding" / "judging")
@@ -122,8 +135,10 @@ def train_new_rows(spec, model, extended, start: StartRows, texts: JobTexts, cal
     if texts.objective is None:
         return Trained(rows=start.rows)
     rows, distillation = start.rows, None
-    if start.method == "distill":
-        rows, distillation = _distill_inputs(spec, model, extended, rows, texts.objective, callbacks)
+    if start.method in DISTILLED_STARTS:
+        rows, distillation = _distill_inputs(spec, model, extended, rows, texts.objective, callbacks, method=start.method)
+    if spec.steps == 0:
+        return Trained(rows=rows, distillation=distillation)
     # The rows' start (init method) is part of the run: another start never resumes these rows.
     identity = {**run_identity(model, extended), "init": start.method}
     config = TrainConfig.from_spec(spec)
@@ -150,12 +165,17 @@ def _step_report(result: TrainResult, validation) -> dict:
             "seconds": result.seconds, "validation_share": share}
 
 
-def _distill_inputs(spec, model, extended, rows: NewRows, objective, callbacks: Callbacks) -> tuple[NewRows, dict]:
-    """(rows with the input side distilled on the job's own contexts, the report): init 'distill'.
+def _distill_inputs(spec, model, extended, rows: NewRows, objective, callbacks: Callbacks, *,
+                    method: str) -> tuple[NewRows, dict]:
+    """(rows with the input side distilled on the job's own contexts, the report): init 'distill',
+    or 'subword_mean_distill' with the logits held (HELD_LOGITS_PENALTY, HELD_LOGITS_EPOCHS).
     Kept in the work folder (input_distillation.DISTILLED_NAME): a resumed job, whose training
     checkpoint needs these rows' run, does not distil again (minutes on a CPU)."""
+    held = method == "subword_mean_distill"
+    penalty, epochs = (HELD_LOGITS_PENALTY, HELD_LOGITS_EPOCHS) if held else (0.0, EPOCHS)
     key = {**run_identity(model, extended), "data": objective.fingerprint() if hasattr(objective, "fingerprint") else None,
-           "distill_contexts": spec.distill_contexts, "lr": spec.lr * spec.embedding_lr_multiplier, "seed": spec.seed}
+           "distill_contexts": spec.distill_contexts, "lr": spec.lr * spec.embedding_lr_multiplier, "seed": spec.seed,
+           "init": method, "logit_penalty": penalty, "epochs": epochs}
     kept = load_distilled(callbacks.work_dir, key)
     if kept is not None:
         rows, report = kept[0], {**kept[1], "resumed": True}
@@ -168,7 +188,7 @@ def _distill_inputs(spec, model, extended, rows: NewRows, objective, callbacks: 
     try:
         report = distill_input_rows(
             adapter, contexts, {t.id: t.base_ids for t in extended.new_tokens}, lr=spec.lr * spec.embedding_lr_multiplier,
-            pad=pad, seed=spec.seed, should_cancel=callbacks.should_cancel,
+            pad=pad, seed=spec.seed, epochs=epochs, logit_penalty=penalty, should_cancel=callbacks.should_cancel,
             on_progress=lambda done, total: callbacks.on_progress(done, total, {"unit": "distillation steps"}))
         distilled = adapter.rows()
     finally:

@@ -323,7 +323,7 @@ def plan_contexts(extended, config, *, per_term: int, examples: list[str] | None
 def terms_objective(model, extended, config, *, objective: str = "distill", per_term: int = 4,
                     max_new_tokens: int = 64, style: str = "list", examples: list[str] | None = None,
                     distilled_per_term: int = 0, work_dir: Path | None = None, should_cancel=None, on_progress=None,
-                    hold_out: bool = True) -> TermContextObjective:
+                    hold_out: bool = True, with_deciding: bool = True) -> TermContextObjective:
     """The training data of a terms-only job (call before attaching the adapter): per term, its
     snippets from the user's `examples`, then contexts the base model writes (plan_contexts).
 
@@ -331,9 +331,12 @@ def terms_objective(model, extended, config, *, objective: str = "distill", per_
     (`objective.validation_texts`: the best step and which terms stay) and a judging one
     (`objective.judging_texts`), which no decision sees, so the before/after a job reports is not
     measured on the text that chose it. Each is the examples' own part where they have one, else
-    one more generated context per term, without its prompt (held_out_text)."""
+    one more generated context per term, without its prompt (held_out_text). Without
+    `with_deciding` (a job that decides nothing: 0 steps) only the judging part is kept out."""
     plan = plan_contexts(extended, config, per_term=per_term, examples=examples, distilled_per_term=distilled_per_term)
-    extra = (0 if plan.deciding_examples else 1) + (0 if plan.judging_examples else 1) if hold_out else 0
+    decide = hold_out and with_deciding and not plan.deciding_examples
+    judge = hold_out and not plan.judging_examples
+    extra = int(decide) + int(judge)
     needed = [plan.per_term - len(found) + extra for found in plan.snippets]
     width = max(needed)
     prompts = term_prompts([t.term for t in extended.terms], width, style=style, seed=config.seed)
@@ -346,7 +349,7 @@ def terms_objective(model, extended, config, *, objective: str = "distill", per_
     # written texts come term by term, `needed[i]` each, in the cached order (a resumed job splits
     # them alike): the training fill first, then the deciding one, then the judging one
     train: list[str] = []
-    deciding: list[str] = list(plan.deciding_examples) if hold_out else []
+    deciding: list[str] = list(plan.deciding_examples) if hold_out and with_deciding else []
     judging: list[str] = list(plan.judging_examples) if hold_out else []
     at = 0
     for found, count in zip(plan.snippets, needed):
@@ -355,9 +358,9 @@ def terms_objective(model, extended, config, *, objective: str = "distill", per_
         fill = plan.per_term - len(found)
         train += found + own[:fill]
         held = own[fill:]
-        if hold_out and not plan.deciding_examples:
+        if decide:
             deciding.append(held.pop(0))
-        if hold_out and not plan.judging_examples:
+        if judge:
             judging.append(held.pop(0))
     built = TermContextObjective(train, extended, batch_size=config.batch_size, seq_len=config.seq_len,
                                  seed=config.seed, objective=objective)
