@@ -164,6 +164,7 @@ def test_a_terms_only_job_without_examples_or_steps_trains_nothing_on_a_cpu_and_
     extension = json.loads((tmp_path / "out" / "tide_extension.json").read_text())
     assert extension["device_defaults"]["options"]["steps"] == 0 and metrics["training"]["steps"] == 0
     assert extension["init"]["method"] == "subword_mean_distill" and extension["init"]["distillation"]["steps"] > 0
+    assert "deciding" not in metrics["selection"]["contexts"] and metrics["selection"]["contexts"]["judging"] == "generated"
     # nothing chose a step or a term, yet the result is still compared with the base on held-out text
     selection = metrics["selection"]
     assert "validation" not in selection and selection["judging"]["source"] == "held-out generated contexts, judging part"

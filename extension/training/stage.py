@@ -111,7 +111,8 @@ def _untrained_terms_texts(spec, model, tokenizer, extended, callbacks: Callback
     judging = build_validation(model, tokenizer, texts, source=source, min_bytes=1) if texts else None
     done = ("its input rows were distilled on contexts the base model wrote, each row's logits held where the subword "
             "mean put them, and no next-token step was taken (steps 0)") if distil else "nothing was trained (steps 0)"
-    report = {"mode": spec.selection, "contexts": {**_plan_of(objective), "judging": kind}, "terms_kept_unjudged": (
+    written = {k: v for k, v in _plan_of(objective).items() if k != "deciding"}  # nothing decides at 0 steps
+    report = {"mode": spec.selection, "contexts": {**written, "judging": kind}, "terms_kept_unjudged": (
         f"{done}, so no step and no term was chosen and every term is kept; by default a terms-only "
         f"job without examples trains only where it writes {TERMS_ONLY_TRAINING_CONTEXTS} or more contexts per term (a "
         "GPU's default, which then takes the steps that read them all), because training on fewer made the domain's own "
