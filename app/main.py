@@ -35,15 +35,16 @@ Every error has the shape `{"error": {"code", "message", "param"}}`.
 """
 
 
-async def _sweep_forever(app: FastAPI) -> None:
+async def _sweep_forever(app: FastAPI, stop: asyncio.Event) -> None:
     settings: Settings = app.state.settings
     memory = SweepMemory()
-    while True:
+    while not stop.is_set():
         try:
             await run_in_threadpool(sweep, settings, app.state.sessions, app.state.queue, memory)
         except Exception:
             log.exception("sweep failed; trying again in %.0f s", settings.sweep_interval_s)
-        await asyncio.sleep(settings.sweep_interval_s)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), settings.sweep_interval_s)
 
 
 @asynccontextmanager
@@ -54,14 +55,16 @@ async def _lifespan(app: FastAPI):
     # transformers imported and the tokenizers on disk loaded before the server answers anything:
     # parallel first submits all find them ready (issue 38).
     await run_in_threadpool(app.state.base_tokenizers.warm_up)
-    task = asyncio.create_task(_sweep_forever(app))
+    stop = asyncio.Event()
+    task = asyncio.create_task(_sweep_forever(app, stop))
     try:
         yield
     finally:
         app.state.base_tokenizers.close()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # Stopped, not cancelled: cancelling the await leaves a sweep running on in its thread,
+        # deleting files after the service has shut down (and after the engine is disposed).
+        stop.set()
+        await task
         app.state.queue.close()
         app.state.submit_rate.close()
         app.state.engine.dispose()

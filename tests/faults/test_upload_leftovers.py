@@ -127,3 +127,27 @@ def test_an_upload_left_by_a_killed_api_is_swept_and_its_quota_freed(fault_setti
     counts = sweep(settings, sessions, JobQueue(settings), SweepMemory())
     assert fresh.exists() and not old.exists() and counts["partials_deleted"] == 1, counts
     engine.dispose()
+
+
+def test_stopping_the_api_waits_for_the_sweep_in_progress(fault_settings, monkeypatch):
+    """Before: shutdown cancelled the await on the sweep, and a sweep already in its thread ran on
+    after the service had stopped, deleting files written after it (a flaky CI failure of the
+    test above). Now shutdown lets that sweep finish and starts no other."""
+    import threading
+
+    from fastapi.testclient import TestClient
+
+    import app.main
+
+    started, finished = threading.Event(), threading.Event()
+
+    def slow_sweep(*args):
+        started.set()
+        time.sleep(1.0)
+        finished.set()
+        return {}
+
+    monkeypatch.setattr(app.main, "sweep", slow_sweep)
+    with TestClient(app.main.create_app(fault_settings)):
+        assert started.wait(30), "the sweeper did not start"
+    assert finished.is_set(), "the service stopped with a sweep still running in its thread"
