@@ -96,6 +96,9 @@ def test_a_terms_only_job_worse_than_the_base_on_its_held_out_contexts_says_so()
     better = {"comparison": {"held_out_contexts_bits_per_byte": {"before": 1.20, "after": 1.14}}}
     assert "1.1400 bits per byte against the base model's 1.2000 (-5.00%)" in held_out_sentence(better)
     assert held_out_sentence({"comparison": {"domain_bits_per_byte": {"before": 1.2, "after": 1.3}}}) is None
+    # worse by less than the printed digits: not called WORSE beside two equal figures
+    level = {"comparison": {"held_out_contexts_bits_per_byte": {"before": 2.81312, "after": 2.81314}}}
+    assert "WORSE" not in held_out_sentence(level) and "2.8131 bits per byte against the base model's 2.8131" in held_out_sentence(level)
 
 
 def test_the_held_out_verdict_names_its_evidence_and_never_vouches_for_the_users_text():

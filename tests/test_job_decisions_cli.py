@@ -72,7 +72,7 @@ def test_a_terms_only_job_is_compared_with_the_base_model_on_its_held_out_contex
     assert (row["before"], row["after"]) == (before["bits_per_byte"], after["bits_per_byte"])
     assert f"held_out_contexts_bits_per_byte: {row['before']:.4f} -> {row['after']:.4f}" in stdout
     assert "Held-out contexts bits per byte" in card
-    worse = row["after"] > row["before"]
+    worse = round(row["after"], 4) > round(row["before"], 4)
     said = ("the extended model is WORSE than the base model" if worse
             else "That text was written by the base model, not taken from yours")
     evidence = "On held-out contexts the base model wrote for your terms, not your text (kept out of training and of every decision)"

@@ -189,10 +189,12 @@ def held_out_sentence(metrics: dict, *, style: str = "cli") -> str | None:
         return None
     before, after = row["before"], row["after"]
     numbers = f"{after:.4f} bits per byte against the base model's {before:.4f} ({(after / before - 1):+.2%})"
+    # judged on the figures as printed: "WORSE: 2.8131 against 2.8131" reads as a contradiction
+    worse = round(after, 4) > round(before, 4)
     judged_on = ((metrics.get("selection") or {}).get("judging") or {}).get("source", "")
     if "examples" in judged_on:  # the user's own documents, held out: a verdict on their text
         where = "On held-out documents of your examples (kept out of training and of every decision),"
-        if after > before:
+        if worse:
             return (f"{where} the extended model is WORSE than the base model: {numbers}. Give more of your text "
                     f"(a corpus: {_CORPUS_WORDS[style]}) or train longer.")
         return f"{where} the extended model is at or below the base model: {numbers}."
@@ -202,7 +204,7 @@ def held_out_sentence(metrics: dict, *, style: str = "cli") -> str | None:
     where = f"On held-out contexts the base model wrote for your terms, not your text ({apart}),"
     corpus = _CORPUS_WORDS[style]
     examples = _EXAMPLES_WORDS[style]
-    if after > before:
+    if worse:
         # "train longer" is not offered: on the judging domains, training on generated contexts made it worse
         return (f"{where} the extended model is WORSE than the base model: {numbers}. Its shorter text costs more "
                 f"bits than it saves there (that text uses the terms far more densely than most text does); give a "
