@@ -271,14 +271,14 @@ def extend_args(case: Case, base: Path, out: Path, terms_file: Path, corpus_file
 
 def extend_case(case: Case, base: Path, out: Path) -> None:
     """The case's job through `tide extend` (the matrix's arguments), inputs written beside `out`.
-    Shorter held-out contexts than the benchmark's: writing them is most of an untrained case's
-    time, and no check depends on their length."""
+    Fewer and shorter contexts than the benchmark's: writing them is most of an untrained case's
+    time, and no check depends on their number or length."""
     from app.cli import main
 
     terms_file, corpus_file = out.with_name("terms.txt"), out.with_name("corpus.txt")
     terms_file.write_text("\n".join(TERMS) + "\n", encoding="utf-8")
     corpus_file.write_text(corpus_text(), encoding="utf-8")
-    assert main([*extend_args(case, base, out, terms_file, corpus_file), "--term-context-tokens", "16"]) == 0
+    assert main([*extend_args(case, base, out, terms_file, corpus_file), "--term-contexts", "2", "--term-context-tokens", "16"]) == 0
 
 
 def assert_every_check_passes(case: Case, base: Path, out: Path) -> None:
