@@ -71,6 +71,10 @@ def decompose(model, extended, documents: list[str], base_scores: list) -> dict:
         new_mass = log_probs[:, first_new:].exp().sum(-1)
         cursor, last_new = 0, -100
         for k, (token, end, loss) in enumerate(zip(ids, ends, nll)):
+            # Both are cut at MAX_TOKENS, and the shorter extended tokens reach further into the
+            # text: past the base's last token its losses have nothing to compare with.
+            if end > base_ends[-1]:
+                break
             base = 0.0
             while cursor < len(base_ends) and base_ends[cursor] <= end:
                 base += base_nll[cursor]

@@ -149,6 +149,7 @@ def main() -> None:
     parser.add_argument("--gpu-default", action="store_true", help="the options a GPU worker defaults to (run here on the CPU)")
     parser.add_argument("--decompose-bytes", type=int, default=8_000, help="test-split bytes split by where the loss is (0: none)")
     parser.add_argument("--max-docs", type=int, default=0, help="smoke runs only: the first N documents")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: two runs can share two cores)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--report", type=Path, help="a results JSON of this script: write its .md again, run nothing")
     args = parser.parse_args()
@@ -158,7 +159,7 @@ def main() -> None:
         return
     if not args.domain:
         parser.error("--domain is required (or --report PATH.json)")
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     cache = REPO / ".cache"
     started = time.time()
     out = args.out or RESULTS / f"terms_only_{args.domain}{'_gpu_default' if args.gpu_default else ''}.md"
