@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import torch
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
@@ -23,7 +25,7 @@ def test_positions_past_the_base_models_last_token_are_not_counted(monkeypatch):
     extended_nll = [1.5, 1.0, 1.0, 1.0, 1.0, 9.0, 9.0]  # the last two: past the base's end
     monkeypatch.setattr(ld, "context_token_id", lambda tokenizer: 0)
     monkeypatch.setattr(ld, "token_losses", lambda model, tokenizer, text, context_id: (
-        extended_ids, extended_ends, extended_nll, __import__("torch").zeros(len(extended_ids), 101)))
+        extended_ids, extended_ends, extended_nll, torch.zeros(len(extended_ids), 101)))
     table = ld.decompose(None, SimpleNamespace(tokenizer=None, base_vocab_size=100), ["abcdefgh"],
                          [(None, base_ends, base_nll, None)])
     counted = sum(cell["positions"] for cell in table.values())

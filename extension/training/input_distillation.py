@@ -47,10 +47,9 @@ EPOCHS = 1
 # Chosen on the Spanish and FOLDOC glossaries of benchmarks/terms_only.py with a one-off sweep
 # (weights 10, 100, 1000 at 4 passes, and 100 at 1 pass; its figures are in issue 39's notes):
 # 100 was best on Spanish and within 0.0001 bits per byte of the best on FOLDOC, and 4 passes beat
-# 1. 16 passes then beat 4 on the Spanish glossary (a one-off run, in issue 39's notes: -0.14%
-# against +0.22% of the base, the input side right after a new token +222.3 -> +139.8 bits), for
-# about 4x the distillation's minutes. What the product then does on all five domains:
-# docs/measured.md, terms-only training.
+# 1. 16 passes then beat 4 on both glossaries, for about 4x the distillation's minutes
+# (benchmarks/results/terms_only_{es,foldoc}_mean_distill16.md against *_mean_distill.md). What the
+# product then does on all five domains: docs/measured.md, terms-only training.
 HELD_LOGITS_PENALTY = 100.0
 HELD_LOGITS_EPOCHS = 16
 
